@@ -1,0 +1,34 @@
+"""Bearer-token authentication with scopes.
+
+Each endpoint names the scope it needs; a token from one project only ever sees that
+project (request.auth.project), which every query in this package filters on."""
+
+from __future__ import annotations
+
+from ninja.security import HttpBearer
+
+from webapp.api.errors import ApiError
+from webapp.domain.models import ApiToken
+
+
+class TokenAuth(HttpBearer):
+    def __init__(self, scope: str):
+        super().__init__()
+        self.scope = scope
+
+    def authenticate(self, request, token: str) -> ApiToken:
+        api_token = ApiToken.authenticate(token)
+        if api_token is None:
+            raise ApiError(401, "unknown or revoked API token")
+        if not api_token.allows(self.scope):
+            raise ApiError(
+                403,
+                f"this token lacks the '{self.scope}' scope "
+                f"(it has: {', '.join(api_token.scopes)})",
+            )
+        return api_token
+
+
+ingest_auth = TokenAuth("ingest")
+read_auth = TokenAuth("read")
+operate_auth = TokenAuth("operate")

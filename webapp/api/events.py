@@ -1,0 +1,159 @@
+"""POST /api/v1/events: the endpoint every training job depends on (docs/api.md)."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+from django.conf import settings
+from ninja import Router, Schema
+
+from webapp.api.auth import ingest_auth
+from webapp.api.errors import ApiError
+from webapp.domain.event_schema import AnyEvent, EventError, parse_event
+from webapp.domain.ingest import ingest
+
+router = Router(tags=["events"])
+
+
+class EventResult(Schema):
+    id: str
+    status: str
+
+
+class IngestOut(Schema):
+    accepted: int
+    created: int
+    duplicates: int
+    results: list[EventResult]
+
+
+class ErrorOut(Schema):
+    error: str
+    index: int | None = None
+    field: str | None = None
+
+
+_BATCH_SCHEMA = {
+    "oneOf": [
+        {"$ref": "#/components/schemas/AnyEvent"},
+        {
+            "type": "object",
+            "required": ["events"],
+            "properties": {
+                "events": {
+                    "type": "array",
+                    "maxItems": 1000,
+                    "items": {"$ref": "#/components/schemas/AnyEvent"},
+                }
+            },
+        },
+    ]
+}
+
+
+def _read_body(request) -> bytes:
+    limit = settings.EVENTS_MAX_BODY_BYTES
+    declared = request.META.get("CONTENT_LENGTH")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}")
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        raise ApiError(413, f"request body is over the limit of {limit} bytes")
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding != "gzip":
+        raise ApiError(415, f"Content-Encoding {encoding!r} is not supported; use gzip")
+    # Decompress at most limit+1 bytes so a small bomb cannot fill memory.
+    decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        plain = decompressor.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise ApiError(400, f"body is not valid gzip: {exc}") from None
+    if len(plain) > limit or decompressor.unconsumed_tail:
+        raise ApiError(413, f"decompressed body is over the limit of {limit} bytes")
+    return plain
+
+
+def _decode(body: bytes):
+    if not body.strip():
+        raise ApiError(400, 'empty body: send one event or {"events": [...]}')
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ApiError(400, f"body is not valid JSON: {exc}") from None
+    if b"\\u0000" in body and _has_nul(payload):
+        # PostgreSQL text and jsonb cannot hold NUL; refuse it here with a clear word.
+        raise ApiError(400, "strings must not contain NUL (\\u0000)")
+    return payload
+
+
+def _has_nul(value) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def _unwrap(payload) -> list:
+    if isinstance(payload, dict) and "events" in payload and "type" not in payload:
+        events = payload["events"]
+        if not isinstance(events, list):
+            raise ApiError(400, "events must be a list")
+        if not events:
+            raise ApiError(400, "events is empty")
+        if len(events) > settings.EVENTS_MAX_BATCH:
+            raise ApiError(
+                413,
+                f"a batch holds at most {settings.EVENTS_MAX_BATCH} events; got {len(events)}",
+            )
+        return events
+    if isinstance(payload, dict):
+        return [payload]
+    raise ApiError(400, 'body must be one event object or {"events": [...]}')
+
+
+@router.post(
+    "/events",
+    auth=ingest_auth,
+    response={202: IngestOut, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 413: ErrorOut},
+    summary="Send one event or a batch of up to 1000",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _BATCH_SCHEMA}},
+        }
+    },
+)
+def post_events(request):
+    """Idempotent by event id: a repeat is accepted and changes nothing. A bad event
+    rejects the whole request (nothing is stored) with the index and field named."""
+    raw_events = _unwrap(_decode(_read_body(request)))
+    try:
+        events = [parse_event(i, raw) for i, raw in enumerate(raw_events)]
+    except EventError as exc:
+        raise ApiError(400, str(exc), index=exc.index, field=exc.field) from None
+    token = request.auth
+    result = ingest(token.project, token.actor, events, raw_events)
+    created = set(result.created)
+    results = []
+    for event in events:
+        if event.id in created:
+            results.append({"id": str(event.id), "status": "created"})
+            created.discard(event.id)
+        else:
+            results.append({"id": str(event.id), "status": "duplicate"})
+    return 202, {
+        "accepted": len(events),
+        "created": len(result.created),
+        "duplicates": len(result.duplicates),
+        "results": results,
+    }
+
+
+# Registered so the OpenAPI document describes every event type.
+EVENT_SCHEMA = AnyEvent

@@ -1,0 +1,273 @@
+"""The v1 event contract (docs/api.md): one pydantic model per event type.
+
+Types are strict (a step is an integer, not "5" nor 5.0). Fields this version does not
+know are kept in the stored event, not rejected, so a newer client can talk to an older
+server. Every string is bounded; limits match the database columns.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from datetime import datetime
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+)
+
+EVENT_TYPES = (
+    "run.started",
+    "run.heartbeat",
+    "checkpoint.started",
+    "checkpoint.saved",
+    "checkpoint.failed",
+    "run.finished",
+    "run.failed",
+    "metrics",
+)
+CHECKPOINT_TYPES = ("checkpoint.started", "checkpoint.saved", "checkpoint.failed")
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+def _zoned_time(value: Any) -> datetime:
+    if not isinstance(value, str):
+        raise ValueError("must be an ISO 8601 string such as 2026-01-31T12:00:00Z")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an ISO 8601 time") from None
+    if parsed.tzinfo is None:
+        raise ValueError("must carry a time zone (Z or +00:00)")
+    return parsed
+
+
+def _run_key(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError("must not contain control characters")
+    if value != value.strip():
+        raise ValueError("must not start or end with white space")
+    return value
+
+
+def _relative_path(value: str) -> str:
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts or "\x00" in value or value in ("", "."):
+        raise ValueError("must be a path relative to the checkpoint location, without '..'")
+    return value
+
+
+def _location(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL")
+    if value.startswith("s3://"):
+        if len(value) <= 5 or value[5] == "/":
+            raise ValueError("an s3:// location needs a bucket: s3://bucket/prefix")
+        return value
+    if not value.startswith("/"):
+        raise ValueError("must be an absolute path or an s3:// URI")
+    return value
+
+
+def _sha256(value: str) -> str:
+    if not _SHA256.match(value):
+        raise ValueError("must be 64 hexadecimal characters")
+    return value.lower()
+
+
+def _number(value: Any) -> float:
+    # bool is an int in Python; a metric of `true` is a client bug, not 1.0.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a number")
+    return value
+
+
+def _event_id(value: Any) -> uuid.UUID:
+    if not isinstance(value, str):
+        raise ValueError("must be a UUID string")
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a UUID") from None
+
+
+RunKey = Annotated[StrictStr, Field(min_length=1, max_length=200), AfterValidator(_run_key)]
+EventId = Annotated[uuid.UUID, BeforeValidator(_event_id)]
+ZonedTime = Annotated[datetime, BeforeValidator(_zoned_time)]
+Step = Annotated[StrictInt, Field(ge=0)]
+Number = Annotated[float, BeforeValidator(_number)]
+Metrics = dict[Annotated[StrictStr, Field(max_length=200)], Number]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: EventId = Field(description="Client-made UUID; a repeat is accepted and changes nothing.")
+    run: RunKey = Field(description="The client's run key, unique within the project.")
+    time: ZonedTime = Field(description="When it happened, ISO 8601 with a zone.")
+
+
+class RunStarted(_Event):
+    type: Literal["run.started"]
+    name: Annotated[StrictStr, Field(max_length=200)] = ""
+    host: Annotated[StrictStr, Field(max_length=255)] = ""
+    framework: Annotated[StrictStr, Field(max_length=100)] = ""
+    world_size: Annotated[StrictInt, Field(ge=1)] | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    expected_interval_s: Annotated[Number, Field(gt=0)] | None = None
+    resumed_from: Annotated[StrictStr, Field(max_length=100)] | StrictInt | None = None
+    tags: list[Annotated[StrictStr, Field(max_length=200)]] = Field(default_factory=list)
+
+
+class RunHeartbeat(_Event):
+    type: Literal["run.heartbeat"]
+    step: Step | None = None
+    metrics: Metrics = Field(default_factory=dict)
+
+
+class CheckpointStarted(_Event):
+    type: Literal["checkpoint.started"]
+    step: Step
+
+
+class CheckpointFileIn(BaseModel):
+    path: Annotated[StrictStr, Field(max_length=1000), AfterValidator(_relative_path)]
+    size: Annotated[StrictInt, Field(ge=0)]
+    sha256: Annotated[StrictStr, AfterValidator(_sha256)]
+
+
+class CheckpointSaved(_Event):
+    type: Literal["checkpoint.saved"]
+    step: Step
+    epoch: Annotated[StrictInt, Field(ge=0)] | None = None
+    location: Annotated[StrictStr, Field(min_length=1, max_length=4096), AfterValidator(_location)]
+    files: Annotated[list[CheckpointFileIn], Field(min_length=1, max_length=100_000)]
+    save_seconds: Annotated[Number, Field(ge=0)] | None = None
+    metrics: Metrics = Field(default_factory=dict)
+    format: Annotated[StrictStr, Field(max_length=50)] = ""
+
+
+class CheckpointFailed(_Event):
+    type: Literal["checkpoint.failed"]
+    step: Step
+    error: Annotated[StrictStr, Field(max_length=10_000)] = ""
+
+
+class RunFinished(_Event):
+    type: Literal["run.finished"]
+    exit_code: StrictInt | None = None
+    error: Annotated[StrictStr, Field(max_length=10_000)] = ""
+
+
+class RunFailed(_Event):
+    type: Literal["run.failed"]
+    exit_code: StrictInt | None = None
+    error: Annotated[StrictStr, Field(max_length=10_000)] = ""
+
+
+class MetricPointIn(BaseModel):
+    step: Step
+    values: Metrics
+
+
+class MetricsEvent(_Event):
+    type: Literal["metrics"]
+    points: Annotated[list[MetricPointIn], Field(min_length=1, max_length=10_000)]
+
+
+MODELS: dict[str, type[_Event]] = {
+    "run.started": RunStarted,
+    "run.heartbeat": RunHeartbeat,
+    "checkpoint.started": CheckpointStarted,
+    "checkpoint.saved": CheckpointSaved,
+    "checkpoint.failed": CheckpointFailed,
+    "run.finished": RunFinished,
+    "run.failed": RunFailed,
+    "metrics": MetricsEvent,
+}
+
+AnyEvent = Annotated[
+    RunStarted
+    | RunHeartbeat
+    | CheckpointStarted
+    | CheckpointSaved
+    | CheckpointFailed
+    | RunFinished
+    | RunFailed
+    | MetricsEvent,
+    Field(discriminator="type"),
+]
+
+
+class EventError(ValueError):
+    """A rejected event: names the event's index in the batch and the field."""
+
+    def __init__(self, index: int, field: str | None, message: str):
+        self.index = index
+        self.field = field
+        self.message = message
+        prefix = f"events[{index}]" + (f".{field}" if field else "")
+        super().__init__(f"{prefix}: {message}")
+
+
+def _field_path(loc: tuple) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts)
+
+
+def _friendly(error: dict) -> str:
+    kind = error["type"]
+    if kind == "missing":
+        return "is required"
+    if kind == "value_error":
+        return str(error["ctx"]["error"])
+    message = error["msg"]
+    return message[0].lower() + message[1:]
+
+
+def parse_event(index: int, raw: Any) -> _Event:
+    """Validate one decoded JSON event, or raise EventError naming the first problem."""
+    from pydantic import ValidationError
+
+    if not isinstance(raw, dict):
+        raise EventError(index, None, "an event must be a JSON object")
+    kind = raw.get("type")
+    if kind is None:
+        raise EventError(index, "type", "is required")
+    model = MODELS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise EventError(
+            index, "type", f"unknown event type {kind!r}; expected one of {', '.join(EVENT_TYPES)}"
+        )
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        raise EventError(index, _field_path(first["loc"]) or None, _friendly(first)) from None
+
+
+def json_safe(value: Any) -> Any:
+    """JSON has no NaN or Infinity, and PostgreSQL's jsonb refuses them, but Python
+    clients send them (a diverged loss is NaN). Keep them visible as strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value

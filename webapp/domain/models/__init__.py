@@ -1,0 +1,30 @@
+"""The domain of docs/design.md: projects and their access, runs, checkpoints and what
+happened to them."""
+
+from webapp.domain.models.checkpoints import Checkpoint, CheckpointFile, MetricPoint
+from webapp.domain.models.events import Event
+from webapp.domain.models.projects import (
+    ApiToken,
+    LaunchProfile,
+    Membership,
+    Project,
+    StorageTarget,
+)
+from webapp.domain.models.recovery import Replica, Resume, Validation
+from webapp.domain.models.runs import Run
+
+__all__ = [
+    "ApiToken",
+    "Checkpoint",
+    "CheckpointFile",
+    "Event",
+    "LaunchProfile",
+    "Membership",
+    "MetricPoint",
+    "Project",
+    "Replica",
+    "Resume",
+    "Run",
+    "StorageTarget",
+    "Validation",
+]

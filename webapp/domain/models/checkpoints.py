@@ -1,0 +1,108 @@
+"""Checkpoints: saved states of a run, the files they are made of, and the per-step
+metrics a run reported (used to check that a resumed run follows the same path)."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class CheckpointStatus(models.TextChoices):
+    # Lifeboat heard checkpoint.started but not yet checkpoint.saved.
+    SAVING = "saving", "Saving"
+    # The job said the save failed (checkpoint.failed).
+    FAILED = "failed", "Save failed"
+    REPORTED = "reported", "Reported"
+    VERIFYING = "verifying", "Verifying"
+    VERIFIED = "verified", "Verified"
+    SUSPICIOUS = "suspicious", "Suspicious"
+    CORRUPT = "corrupt", "Corrupt"
+    MISSING = "missing", "Missing"
+    DELETED = "deleted", "Deleted"
+
+
+# Statuses a validation task still has to settle; the sweeper looks for these.
+UNSETTLED = (CheckpointStatus.REPORTED, CheckpointStatus.VERIFYING)
+
+
+class Checkpoint(models.Model):
+    project = models.ForeignKey(
+        "domain.Project", on_delete=models.CASCADE, related_name="checkpoints"
+    )
+    run = models.ForeignKey("domain.Run", on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.BigIntegerField()
+    epoch = models.IntegerField(null=True, blank=True)
+    saved_at = models.DateTimeField(null=True, blank=True)
+    location = models.TextField(blank=True)
+    format = models.CharField(max_length=50, blank=True)
+    total_size = models.BigIntegerField(default=0)
+    file_count = models.IntegerField(default=0)
+    save_seconds = models.FloatField(null=True, blank=True)
+    metrics = models.JSONField(default=dict, blank=True)
+    status = models.CharField(
+        max_length=16, choices=CheckpointStatus.choices, default=CheckpointStatus.REPORTED
+    )
+    status_message = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    pinned = models.BooleanField(default=False)
+    # When a validation task was last put on the queue; None while none is known to be.
+    validation_enqueued_at = models.DateTimeField(null=True, blank=True)
+    verified_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step"], name="checkpoint_run_step_unique")
+        ]
+        indexes = [
+            # A run's timeline and "latest verified" (GET /runs/<key>/latest).
+            models.Index(fields=["run", "status", "-step"], name="checkpoint_run_status_step"),
+            # Checkpoints still waiting for validation: only a few rows at any time, so a
+            # partial index keeps workers.sweeper.requeue_unvalidated cheap.
+            models.Index(
+                fields=["validation_enqueued_at"],
+                name="checkpoint_unsettled",
+                condition=models.Q(status__in=UNSETTLED),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run.key}@{self.step}"
+
+    @property
+    def is_settled(self) -> bool:
+        return self.status not in UNSETTLED
+
+
+class CheckpointFile(models.Model):
+    """One file of a checkpoint, as the client reported it (size and sha256)."""
+
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, related_name="files")
+    path = models.CharField(max_length=1000)
+    size = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["checkpoint", "path"], name="checkpoint_file_unique")
+        ]
+
+    def __str__(self) -> str:
+        return self.path
+
+
+class MetricPoint(models.Model):
+    """The values a run reported for one step (`metrics` events)."""
+
+    run = models.ForeignKey("domain.Run", on_delete=models.CASCADE, related_name="metric_points")
+    step = models.BigIntegerField()
+    values = models.JSONField(default=dict)
+    time = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="metric_point_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}@{self.step}"

@@ -1,0 +1,37 @@
+"""The event log: everything that happened, by whom. Client events keep their id, so a
+repeated delivery is recognised; events Lifeboat writes itself have none."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class Event(models.Model):
+    project = models.ForeignKey("domain.Project", on_delete=models.CASCADE, related_name="events")
+    run = models.ForeignKey(
+        "domain.Run", null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+    )
+    # The client's UUID; unique per project so a token of one project can neither
+    # collide with nor probe the ids of another.
+    event_id = models.UUIDField(null=True, blank=True)
+    type = models.CharField(max_length=50)
+    # The step the event is about, when it has one (checkpoint timeline, heartbeats).
+    step = models.BigIntegerField(null=True, blank=True)
+    time = models.DateTimeField()
+    received_at = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=200, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "event_id"], name="event_id_unique")
+        ]
+        indexes = [
+            models.Index(fields=["run", "time"], name="event_run_time"),
+            models.Index(fields=["project", "-received_at"], name="event_project_received"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} at {self.time:%Y-%m-%d %H:%M:%S}"

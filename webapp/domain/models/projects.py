@@ -1,0 +1,199 @@
+"""Projects: the unit of access, with members, API tokens, storage and launch settings."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from pathlib import PurePosixPath
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils import timezone
+
+TOKEN_PREFIX = "lb_"  # noqa: S105 (a prefix, not a secret)
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer", "Viewer"
+    OPERATOR = "operator", "Operator"
+    ADMIN = "admin", "Admin"
+
+
+class Scope(models.TextChoices):
+    INGEST = "ingest", "Ingest (send events)"
+    READ = "read", "Read runs and checkpoints"
+    OPERATE = "operate", "Operate (validate, pin, replicate, resume)"
+
+
+def validate_allowed_roots(value: object) -> None:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValidationError("allowed roots must be a list of absolute paths")
+    for root in value:
+        path = PurePosixPath(root)
+        if not path.is_absolute() or ".." in path.parts:
+            raise ValidationError(f"{root!r} is not an absolute path without '..'")
+
+
+class Project(models.Model):
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=100, unique=True)
+    # The only directories workers may read checkpoints from (absolute paths).
+    allowed_roots = models.JSONField(default=list, blank=True, validators=[validate_allowed_roots])
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def role_of(self, user) -> str | None:
+        if not user.is_authenticated:
+            return None
+        if user.is_superuser:
+            return Role.ADMIN
+        membership = self.memberships.filter(user=user).first()
+        return membership.role if membership else None
+
+    def issue_token(self, name: str, scopes: list[str], created_by=None) -> tuple[ApiToken, str]:
+        """Create a token and return it with its secret, which is not stored and is
+        shown to the caller once."""
+        unknown = set(scopes) - set(Scope.values)
+        if unknown or not scopes:
+            raise ValueError(f"scopes must be a non-empty subset of {Scope.values}")
+        secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        token = ApiToken.objects.create(
+            project=self,
+            name=name,
+            prefix=secret[: len(TOKEN_PREFIX) + 6],
+            digest=ApiToken.digest_of(secret),
+            scopes=sorted(set(scopes)),
+            created_by=created_by,
+        )
+        return token, secret
+
+
+class Membership(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "user"], name="membership_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project} ({self.role})"
+
+
+class ApiToken(models.Model):
+    """A bearer token. Only the SHA-256 of the secret is stored: the secret has 256
+    bits of entropy, so a slow password hash would add latency to every request and
+    no safety."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="tokens")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, help_text="The first characters, to recognise it.")
+    digest = models.CharField(max_length=64, unique=True)
+    scopes = models.JSONField(default=list)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def digest_of(secret: str) -> str:
+        return hashlib.sha256(secret.encode()).hexdigest()
+
+    @classmethod
+    def authenticate(cls, secret: str) -> ApiToken | None:
+        if not secret.startswith(TOKEN_PREFIX):
+            return None
+        token = (
+            cls.objects.select_related("project")
+            .filter(digest=cls.digest_of(secret), revoked_at__isnull=True)
+            .first()
+        )
+        if token is not None:
+            token.touch()
+        return token
+
+    def touch(self) -> None:
+        # At most one write a minute per token, so a busy ingest path does not turn
+        # every request into an extra UPDATE.
+        now = timezone.now()
+        if self.last_used_at is None or (now - self.last_used_at).total_seconds() > 60:
+            ApiToken.objects.filter(pk=self.pk).update(last_used_at=now)
+            self.last_used_at = now
+
+    def allows(self, scope: str) -> bool:
+        return scope in self.scopes
+
+    @property
+    def actor(self) -> str:
+        return f"token:{self.name}"
+
+
+class StorageTarget(models.Model):
+    """An S3 bucket (and prefix) that replicas of this project's checkpoints go to.
+    Credentials are named by reference (an environment variable prefix on the workers),
+    never stored or shown here."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="storage_targets")
+    name = models.CharField(max_length=100)
+    bucket = models.CharField(max_length=255)
+    prefix = models.CharField(max_length=500, blank=True)
+    endpoint_url = models.URLField(blank=True)
+    region = models.CharField(max_length=50, default="us-east-1")
+    storage_class = models.CharField(max_length=50, blank=True)
+    credentials_ref = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="Name of the credentials on the workers, e.g. S3_BACKUP reads "
+        "S3_BACKUP_ACCESS_KEY_ID and S3_BACKUP_SECRET_ACCESS_KEY.",
+    )
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="storage_target_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} (s3://{self.bucket}/{self.prefix})"
+
+
+class LaunchKind(models.TextChoices):
+    LOCAL = "local", "Local process"
+    SLURM = "slurm", "Slurm batch job"
+
+
+class LaunchProfile(models.Model):
+    """How a resumed job is started. Written by project admins only: workers run the
+    command template, with the values put into it shell-quoted."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="launch_profiles")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=LaunchKind.choices, default=LaunchKind.LOCAL)
+    host = models.CharField(max_length=255, blank=True, help_text="Launch queue host, if pinned.")
+    command_template = models.TextField()
+    options = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="launch_profile_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"

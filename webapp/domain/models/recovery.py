@@ -1,0 +1,131 @@
+"""What workers do with checkpoints: check them (Validation), copy them (Replica) and
+bring jobs back from them (Resume)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class ValidationKind(models.TextChoices):
+    INTEGRITY = "integrity", "Integrity (sizes and checksums)"
+    LOAD = "load", "Load"
+    RESTORE = "restore", "Restore from a replica"
+    REPLAY = "replay", "Replay training steps"
+
+
+class ValidationStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    PASSED = "passed", "Passed"
+    WARNING = "warning", "Warning"
+    FAILED = "failed", "Failed"
+    ERROR = "error", "Could not run"
+
+
+class Validation(models.Model):
+    checkpoint = models.ForeignKey(
+        "domain.Checkpoint", on_delete=models.CASCADE, related_name="validations"
+    )
+    kind = models.CharField(max_length=16, choices=ValidationKind.choices)
+    status = models.CharField(
+        max_length=16, choices=ValidationStatus.choices, default=ValidationStatus.QUEUED
+    )
+    device = models.CharField(max_length=100, blank=True)
+    worker = models.CharField(max_length=255, blank=True)
+    requested_by = models.CharField(max_length=200, blank=True)
+    timings = models.JSONField(default=dict, blank=True)
+    findings = models.JSONField(default=list, blank=True)
+    message = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["checkpoint", "-created_at"], name="validation_ckpt")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} of {self.checkpoint_id}: {self.status}"
+
+
+class ReplicaStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    UPLOADING = "uploading", "Uploading"
+    VERIFIED = "verified", "Verified"
+    FAILED = "failed", "Failed"
+    DELETED = "deleted", "Deleted"
+
+
+class Replica(models.Model):
+    checkpoint = models.ForeignKey(
+        "domain.Checkpoint", on_delete=models.CASCADE, related_name="replicas"
+    )
+    target = models.ForeignKey(
+        "domain.StorageTarget", on_delete=models.PROTECT, related_name="replicas"
+    )
+    status = models.CharField(
+        max_length=16, choices=ReplicaStatus.choices, default=ReplicaStatus.PENDING
+    )
+    bytes_total = models.BigIntegerField(default=0)
+    bytes_done = models.BigIntegerField(default=0)
+    attempts = models.IntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    manifest_key = models.CharField(max_length=1000, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    verified_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["checkpoint", "target"], name="replica_unique")
+        ]
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="replica_unsettled",
+                condition=models.Q(status__in=["pending", "uploading"]),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.checkpoint_id} on {self.target_id}: {self.status}"
+
+
+class ResumeStatus(models.TextChoices):
+    REQUESTED = "requested", "Requested"
+    RESTORING = "restoring", "Restoring checkpoint"
+    LAUNCHING = "launching", "Launching"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class Resume(models.Model):
+    project = models.ForeignKey("domain.Project", on_delete=models.CASCADE, related_name="resumes")
+    run = models.ForeignKey("domain.Run", on_delete=models.CASCADE, related_name="resumes")
+    checkpoint = models.ForeignKey(
+        "domain.Checkpoint", on_delete=models.PROTECT, related_name="resumes"
+    )
+    profile = models.ForeignKey(
+        "domain.LaunchProfile", null=True, blank=True, on_delete=models.SET_NULL
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    automatic = models.BooleanField(default=False)
+    command = models.TextField(blank=True)
+    external_id = models.CharField(max_length=100, blank=True)
+    status = models.CharField(
+        max_length=16, choices=ResumeStatus.choices, default=ResumeStatus.REQUESTED
+    )
+    error = models.TextField(blank=True)
+    new_run = models.ForeignKey(
+        "domain.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"resume of {self.run_id} from {self.checkpoint_id}: {self.status}"

@@ -1,0 +1,30 @@
+from django.contrib import admin
+from django.urls import include, path, re_path
+
+from webapp.api.errors import error_response
+from webapp.api.urls import api
+
+urlpatterns = [
+    path("api/v1/", api.urls),
+    re_path(r"^api/", lambda request: handler404(request)),
+    path("admin/", admin.site.urls),
+    path("accounts/", include("webapp.accounts.urls")),
+    path("", include("webapp.dashboard.urls")),
+]
+
+
+def handler404(request, exception=None):
+    # Paths under /api/ that no route matches still answer JSON.
+    if request.path.startswith("/api/"):
+        return error_response(404, f"no API endpoint at {request.path}")
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+def handler500(request):
+    if request.path.startswith("/api/"):
+        return error_response(500, "internal error; the server log has the details")
+    from django.views.defaults import server_error
+
+    return server_error(request)
