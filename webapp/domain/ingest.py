@@ -145,7 +145,7 @@ def _insert_events(rows: list[Event]) -> set[uuid.UUID]:
         # Only quoted identifiers and %s placeholders are formatted in; values are params.
         sql = "".join(
             [
-                f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ",
+                f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ",  # noqa: S608
                 ", ".join([one] * len(chunk)),
                 f" ON CONFLICT ({quote('project_id')}, {quote('event_id')}) DO NOTHING",
                 f" RETURNING {quote('event_id')}",
