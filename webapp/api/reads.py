@@ -11,7 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from ninja import Router, Schema
+from ninja import Router, Schema, Status
 
 from webapp.api.auth import operate_auth, read_auth
 from webapp.api.errors import ApiError
@@ -279,7 +279,9 @@ def validate(request, checkpoint_id: int):
             actor=request.auth.actor,
         )
         transaction.on_commit(lambda: enqueue_validations([checkpoint.pk]))
-    return 202, {"checkpoint": checkpoint.pk, "status": checkpoint.status, "message": "queued"}
+    return Status(
+        202, {"checkpoint": checkpoint.pk, "status": checkpoint.status, "message": "queued"}
+    )
 
 
 class PinIn(Schema):
@@ -312,8 +314,11 @@ def pin(request, checkpoint_id: int, body: PinIn | None = None):
                 time=timezone.now(),
                 actor=request.auth.actor,
             )
-    return 200, {
-        "checkpoint": checkpoint.pk,
-        "status": checkpoint.status,
-        "message": "pinned" if pinned else "unpinned",
-    }
+    return Status(
+        200,
+        {
+            "checkpoint": checkpoint.pk,
+            "status": checkpoint.status,
+            "message": "pinned" if pinned else "unpinned",
+        },
+    )

@@ -1,0 +1,227 @@
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+SHA = "ab" * 32
+
+
+def at(seconds: float) -> str:
+    """An ISO 8601 time `seconds` after T0."""
+    return (T0 + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
+def event(type_: str, run: str = "run-1", t: float = 0, **fields) -> dict:
+    return {"id": str(uuid.uuid4()), "type": type_, "run": run, "time": at(t), **fields}
+
+
+def saved(run: str = "run-1", step: int = 100, t: float = 0, **fields) -> dict:
+    body = {
+        "step": step,
+        "epoch": 1,
+        "location": f"/data/{run}/step-{step}",
+        "files": [
+            {"path": "model.pt", "size": 1000, "sha256": SHA},
+            {"path": "optim.pt", "size": 500, "sha256": "cd" * 32},
+        ],
+        "save_seconds": 1.5,
+        "metrics": {"loss": 0.25},
+        "format": "torch",
+    }
+    body.update(fields)
+    return event("checkpoint.saved", run=run, t=t, **body)
+
+
+class Api:
+    """The Django test client speaking the v1 API with a bearer token."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def post_events(self, token: str | None, body, *, raw: bytes | None = None, headers=None):
+        data = raw if raw is not None else json.dumps(body).encode()
+        extra = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+        for name, value in (headers or {}).items():
+            extra["HTTP_" + name.upper().replace("-", "_")] = value
+        return self.client.post(
+            "/api/v1/events", data=data, content_type="application/json", **extra
+        )
+
+    def post_gzip(self, token: str, body):
+        return self.post_events(
+            token,
+            None,
+            raw=gzip.compress(json.dumps(body).encode()),
+            headers={"Content-Encoding": "gzip"},
+        )
+
+    def get(self, token: str | None, path: str, **params):
+        extra = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
+        return self.client.get(f"/api/v1{path}", params, **extra)
+
+    def post(self, token: str, path: str, body=None):
+        return self.client.post(
+            f"/api/v1{path}",
+            data=json.dumps(body) if body is not None else "",
+            content_type="application/json",
+            HTTP_AUTHORIZATION=f"Bearer {token}",
+        )
+
+
+@pytest.fixture
+def api(client) -> Api:
+    return Api(client)
+
+
+@pytest.fixture
+def project(db):
+    from webapp.domain.models import Project
+
+    return Project.objects.create(name="Alpha", slug="alpha", allowed_roots=["/data"])
+
+
+@pytest.fixture
+def other_project(db):
+    from webapp.domain.models import Project
+
+    return Project.objects.create(name="Beta", slug="beta", allowed_roots=["/other"])
+
+
+@pytest.fixture
+def token(project) -> str:
+    """A token with every scope."""
+    return project.issue_token("all", ["ingest", "read", "operate"])[1]
+
+
+@pytest.fixture
+def ingest_token(project) -> str:
+    return project.issue_token("ingest-only", ["ingest"])[1]
+
+
+@pytest.fixture
+def read_token(project) -> str:
+    return project.issue_token("read-only", ["read"])[1]
+
+
+@pytest.fixture(scope="session")
+def redis_client():
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+@pytest.fixture
+def queues(redis_client):
+    """The test Redis database, emptied before and after the test."""
+    redis_client.flushdb()
+    yield redis_client
+    redis_client.flushdb()
+
+
+def queued_tasks(redis_client, queue: str = "validate") -> list[dict]:
+    """The messages waiting on a Celery queue in Redis: (task name, args)."""
+    tasks = []
+    for raw in redis_client.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        args = json.loads(__import__("base64").b64decode(message["body"]))[0]
+        tasks.append({"task": message["headers"]["task"], "args": args})
+    return tasks
+
+
+def _database_url_for_subprocess() -> str:
+    from django.db import connection
+
+    settings_dict = connection.settings_dict
+    if settings_dict["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{settings_dict['NAME']}"
+    user = settings_dict.get("USER") or ""
+    password = settings_dict.get("PASSWORD") or ""
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or 5432
+    return f"postgres://{auth}{host}:{port}/{settings_dict['NAME']}"
+
+
+@pytest.fixture(scope="session")
+def worker_env(django_db_setup, redis_client) -> dict:
+    """The environment of a Lifeboat process that uses the test database and Redis."""
+    from django.conf import settings
+
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="webapp.settings",
+        DEBUG="1",
+        DATABASE_URL=_database_url_for_subprocess(),
+        DB_CONN_MAX_AGE="0",
+        REDIS_URL=settings.REDIS_URL,
+        LIFEBOAT_VAR_DIR=str(ROOT / "var" / "test-worker"),
+    )
+    return env
+
+
+@pytest.fixture(scope="session")
+def celery_worker(worker_env, tmp_path_factory):
+    """A real Celery worker process on the validate queue, for the whole session."""
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    log = log_path.open("w")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers",
+            "worker",
+            "-Q",
+            "validate",
+            "-P",
+            "solo",
+            "-l",
+            "info",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        cwd=ROOT,
+        env=worker_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while "ready." not in log_path.read_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the Celery worker did not start:\n{log_path.read_text()}")
+        time.sleep(0.2)
+    process.log_path = log_path
+    yield process
+    process.terminate()
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+def wait_for(predicate, timeout: float = 30, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
