@@ -174,10 +174,11 @@ def worker_env(django_db_setup, redis_client) -> dict:
     return env
 
 
-@pytest.fixture(scope="session")
-def celery_worker(worker_env, tmp_path_factory):
-    """A real Celery worker process on the validate queue, for the whole session."""
-    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+@pytest.fixture
+def celery_worker(worker_env, tmp_path):
+    """A real Celery worker process on the validate queue, for one test (a worker that
+    outlived its test would take the tasks other tests look for in Redis)."""
+    log_path = tmp_path / "worker.log"
     log = log_path.open("w")
     process = subprocess.Popen(
         [
@@ -225,3 +226,70 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.1):
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class WebServer:
+    """Lifeboat served by gunicorn in its own process, as in production."""
+
+    def __init__(self, env: dict, **overrides: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**env, "ALLOWED_HOSTS": "127.0.0.1,localhost", **overrides}
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "webapp.wsgi",
+                "-b",
+                f"127.0.0.1:{self.port}",
+                "-w",
+                "2",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        import urllib.request
+
+        def up():
+            try:
+                urllib.request.urlopen(f"{self.url}/api/v1/openapi.json", timeout=2)
+                return True
+            except OSError:
+                if self.process.poll() is not None:
+                    raise RuntimeError(self.process.stderr.read().decode()) from None
+                return False
+
+        wait_for(up, timeout=30, interval=0.2)
+
+    def post_events(self, token: str, body) -> tuple[int, dict]:
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(
+            f"{self.url}/api/v1/events",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()

@@ -1,0 +1,110 @@
+"""Each checkpoint.saved puts a validation task on the `validate` queue after the
+transaction commits; a real Celery worker takes it. The broker being down loses nothing.
+
+The validation itself is issue #4: the task only records that the checkpoint waits."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+
+from tests.conftest import event, queued_tasks, saved, wait_for
+from webapp.domain.models import Checkpoint, Validation
+from workers.validate import PENDING_MESSAGE
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_saved_checkpoint_is_queued_for_validation_after_commit(api, token, queues):
+    api.post_events(token, {"events": [saved(step=1), saved(step=2)]})
+    ids = sorted(Checkpoint.objects.values_list("pk", flat=True))
+    tasks = queued_tasks(queues)
+    assert sorted(t["args"][0] for t in tasks) == ids
+    assert {t["task"] for t in tasks} == {"workers.validate.validate_checkpoint"}
+    assert all(c.validation_enqueued_at for c in Checkpoint.objects.all())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_nothing_is_queued_when_the_transaction_rolls_back(project, queues):
+    from webapp.domain.event_schema import parse_event
+    from webapp.domain.ingest import ingest
+
+    raw = [saved(step=1)]
+    with pytest.raises(RuntimeError), transaction.atomic():
+        ingest(project, "test", [parse_event(0, raw[0])], raw)
+        raise RuntimeError("the request failed after the ingest")
+    assert Checkpoint.objects.count() == 0
+    assert queued_tasks(queues) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_repeats_and_heartbeats_queue_nothing(api, token, queues):
+    first = saved(step=1)
+    api.post_events(token, first)
+    queues.delete("validate")
+    api.post_events(token, first)
+    api.post_events(token, event("run.heartbeat", step=3))
+    assert queued_tasks(queues) == []
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_takes_the_task_and_never_calls_the_checkpoint_verified(
+    api, token, queues, celery_worker
+):
+    api.post_events(token, saved(step=7))
+    checkpoint = Checkpoint.objects.get()
+    validation = wait_for(lambda: Validation.objects.filter(checkpoint=checkpoint).first())
+    assert validation.status == "queued"
+    assert validation.message == PENDING_MESSAGE
+    checkpoint.refresh_from_db()
+    assert checkpoint.status == "reported"
+    # Safe to run twice: a second delivery records nothing new.
+    from workers.validate import validate_checkpoint
+
+    validate_checkpoint.delay(checkpoint.pk)
+    wait_for(lambda: "validate_checkpoint" in celery_worker.log_path.read_text())
+    wait_for(lambda: queues.llen("validate") == 0)
+    assert Validation.objects.filter(checkpoint=checkpoint).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_the_broker_down_events_are_kept_and_the_sweeper_requeues(
+    project, queues, settings, worker_env
+):
+    from tests.conftest import WebServer, free_port
+    from workers.sweeper import requeue_unvalidated
+
+    token = project.issue_token("t", ["ingest"])[1]
+    # The web server's Redis is a port where nothing listens: the broker is down.
+    web = WebServer(worker_env, REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        status, body = web.post_events(token, saved(step=5))
+    finally:
+        web.stop()
+    assert status == 202, body
+    checkpoint = Checkpoint.objects.get()
+    assert checkpoint.status == "reported"
+    assert checkpoint.validation_enqueued_at is None  # known not to be on the queue
+    assert queued_tasks(queues) == []
+
+    # Within the grace period the sweeper leaves it alone (an enqueue may be in flight)...
+    assert requeue_unvalidated() == 0
+    # ...after it, the checkpoint goes back on the queue.
+    settings.VALIDATION_REQUEUE_AFTER_S = 0
+    assert requeue_unvalidated() == 1
+    assert [t["args"][0] for t in queued_tasks(queues)] == [checkpoint.pk]
+    checkpoint.refresh_from_db()
+    assert checkpoint.validation_enqueued_at is not None
+    assert requeue_unvalidated() == 0  # now known to be queued
+
+
+@pytest.mark.django_db(transaction=True)
+def test_validate_action_puts_a_checkpoint_back_on_the_queue(api, token, queues):
+    api.post_events(token, saved(step=5))
+    checkpoint = Checkpoint.objects.get()
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(status="verified")
+    queues.delete("validate")
+    response = api.post(token, f"/checkpoints/{checkpoint.pk}/validate")
+    assert response.status_code == 202
+    assert Checkpoint.objects.get(pk=checkpoint.pk).status == "reported"
+    assert [t["args"][0] for t in queued_tasks(queues)] == [checkpoint.pk]
