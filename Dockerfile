@@ -1,0 +1,13 @@
+# One image, several commands (web, worker, beat): see docker-compose.yml.
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 DJANGO_SETTINGS_MODULE=webapp.settings
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY webapp webapp
+COPY workers workers
+COPY lifeboat lifeboat
+RUN pip install --no-cache-dir .
+COPY . .
+RUN SECRET_KEY=build-only python manage.py collectstatic --noinput
+EXPOSE 8000
+CMD ["gunicorn", "webapp.wsgi", "-b", "0.0.0.0:8000", "--workers", "4", "--access-logfile", "-"]
