@@ -134,12 +134,14 @@ def queues(redis_client):
 
 
 def queued_tasks(redis_client, queue: str = "validate") -> list[dict]:
-    """The messages waiting on a Celery queue in Redis: (task name, args)."""
+    """The messages waiting on a Celery queue in Redis: task name, args and kwargs."""
+    import base64
+
     tasks = []
     for raw in redis_client.lrange(queue, 0, -1):
         message = json.loads(raw)
-        args = json.loads(__import__("base64").b64decode(message["body"]))[0]
-        tasks.append({"task": message["headers"]["task"], "args": args})
+        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        tasks.append({"task": message["headers"]["task"], "args": args, "kwargs": kwargs})
     return tasks
 
 
@@ -293,3 +295,97 @@ class WebServer:
             self.process.wait(20)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+
+class S3Server:
+    """A real S3 endpoint for the session: TEST_S3_ENDPOINT_URL if given, one already
+    answering on 127.0.0.1:8333 (e.g. `make run`'s), or SeaweedFS started here. Tests
+    use a bucket of their own, removed at the end."""
+
+    def __init__(self, tmp_dir: Path):
+        import boto3
+        from botocore.config import Config
+
+        self.process = None
+        self.endpoint = os.environ.get("TEST_S3_ENDPOINT_URL", "http://127.0.0.1:8333")
+        self.key, self.secret = "lifeboat-test", "lifeboat-test-secret"
+        self.bucket = f"lifeboat-test-{uuid.uuid4().hex[:8]}"
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.key,
+            aws_secret_access_key=self.secret,
+            config=Config(connect_timeout=2, read_timeout=30, retries={"max_attempts": 2}),
+        )
+        if not self._answers():
+            self._start(tmp_dir)
+        self.client.create_bucket(Bucket=self.bucket)
+
+    def _answers(self) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.client.list_buckets()
+            return True
+        except (BotoCoreError, ClientError):
+            return False
+
+    def _start(self, tmp_dir: Path) -> None:
+        weed = Path(sys.executable).parent / "weed"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        self.log = (tmp_dir / "weed.log").open("w")
+        self.process = subprocess.Popen(
+            [
+                str(weed),
+                "-logtostderr",
+                "mini",
+                f"-dir={tmp_dir}",
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-master.telemetry=false",
+                "-webdav=false",
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for(self._answers, timeout=60, interval=0.5)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+
+    def stop(self) -> None:
+        try:
+            listed = self.client.list_objects_v2(Bucket=self.bucket).get("Contents", [])
+            for item in listed:
+                self.client.delete_object(Bucket=self.bucket, Key=item["Key"])
+            self.client.delete_bucket(Bucket=self.bucket)
+        except Exception:  # noqa: S110 (best effort; the server may be gone)
+            pass
+        if self.process is not None:
+            import signal
+
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.log.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    server = S3Server(tmp_path_factory.mktemp("s3"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, settings):
+    """The S3 server, with the settings of this process pointing at it."""
+    settings.S3_ENDPOINT_URL = s3_server.endpoint
+    settings.S3_ACCESS_KEY_ID = s3_server.key
+    settings.S3_SECRET_ACCESS_KEY = s3_server.secret
+    return s3_server

@@ -1,7 +1,5 @@
 """Each checkpoint.saved puts a validation task on the `validate` queue after the
-transaction commits; a real Celery worker takes it. The broker being down loses nothing.
-
-The validation itself is issue #4: the task only records that the checkpoint waits."""
+transaction commits; a real Celery worker takes it. The broker being down loses nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +8,6 @@ from django.db import transaction
 
 from tests.conftest import event, queued_tasks, saved, wait_for
 from webapp.domain.models import Checkpoint, Validation
-from workers.validate import PENDING_MESSAGE
 
 
 @pytest.mark.django_db(transaction=True)
@@ -48,23 +45,19 @@ def test_repeats_and_heartbeats_queue_nothing(api, token, queues):
 
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
-def test_a_real_worker_takes_the_task_and_never_calls_the_checkpoint_verified(
-    api, token, queues, celery_worker
-):
+def test_a_real_worker_takes_the_task_and_checks_the_files(api, token, queues, celery_worker):
+    # The files the event names do not exist: the worker must find that out for itself.
     api.post_events(token, saved(step=7))
     checkpoint = Checkpoint.objects.get()
-    validation = wait_for(lambda: Validation.objects.filter(checkpoint=checkpoint).first())
-    assert validation.status == "queued"
-    assert validation.message == PENDING_MESSAGE
+    wait_for(lambda: Checkpoint.objects.get(pk=checkpoint.pk).is_settled, timeout=60)
     checkpoint.refresh_from_db()
-    assert checkpoint.status == "reported"
-    # Safe to run twice: a second delivery records nothing new.
-    from workers.validate import validate_checkpoint
-
-    validate_checkpoint.delay(checkpoint.pk)
+    assert checkpoint.status == "missing"
+    assert checkpoint.status_message == "/data/run-1/step-7 does not exist (any more)"
+    validation = Validation.objects.get(checkpoint=checkpoint)
+    assert validation.status == "failed"
+    assert validation.worker  # the host that ran it
     wait_for(lambda: "validate_checkpoint" in celery_worker.log_path.read_text())
-    wait_for(lambda: queues.llen("validate") == 0)
-    assert Validation.objects.filter(checkpoint=checkpoint).count() == 1
+    assert queues.llen("validate") == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -99,12 +92,14 @@ def test_with_the_broker_down_events_are_kept_and_the_sweeper_requeues(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_validate_action_puts_a_checkpoint_back_on_the_queue(api, token, queues):
+def test_validate_action_queues_a_recheck_and_keeps_the_verdict_meanwhile(api, token, queues):
     api.post_events(token, saved(step=5))
     checkpoint = Checkpoint.objects.get()
     Checkpoint.objects.filter(pk=checkpoint.pk).update(status="verified")
     queues.delete("validate")
     response = api.post(token, f"/checkpoints/{checkpoint.pk}/validate")
     assert response.status_code == 202
-    assert Checkpoint.objects.get(pk=checkpoint.pk).status == "reported"
-    assert [t["args"][0] for t in queued_tasks(queues)] == [checkpoint.pk]
+    assert Checkpoint.objects.get(pk=checkpoint.pk).status == "verified"
+    [task] = queued_tasks(queues)
+    assert task["args"] == [checkpoint.pk]
+    assert task["kwargs"] == {"requested_by": "token:all", "revalidate": True}

@@ -151,7 +151,10 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 6 * 3600, minimum=60),
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 6 * 3600, minimum=5),
+    # Look for expired unacknowledged tasks on every 10 s tick (one ZRANGE) instead of
+    # every tenth, so redelivery follows the visibility timeout by seconds, not minutes.
+    "unacked_restore_throttle": 1,
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = "validate"
@@ -167,3 +170,16 @@ S3_REGION = env_str("S3_REGION", "us-east-1")
 S3_ACCESS_KEY_ID = env_str("S3_ACCESS_KEY_ID")
 S3_SECRET_ACCESS_KEY = env_str("S3_SECRET_ACCESS_KEY")
 S3_BUCKET = env_str("S3_BUCKET", "lifeboat")
+
+# --- Validation ----------------------------------------------------------------------
+# The load check runs in a child process with these limits (docs/design.md: loads never
+# run unbounded in the worker itself).
+VALIDATION_TIMEOUT_S = env_int("VALIDATION_TIMEOUT_S", 1800, minimum=1)
+VALIDATION_MEMORY_BYTES = env_int("VALIDATION_MEMORY_BYTES", 16 * 1024**3, minimum=256 * 1024**2)
+# After this many validations of one checkpoint that could not run (errors, not
+# findings), it is marked suspicious instead of being retried forever.
+VALIDATION_MAX_ERRORS = env_int("VALIDATION_MAX_ERRORS", 3, minimum=1)
+# Pinned and latest verified checkpoints are checked again when their last check is
+# older than this (bits rot).
+REVALIDATE_AFTER_S = env_int("REVALIDATE_AFTER_S", 24 * 3600, minimum=60)
+SCRATCH_DIR = Path(env_str("LIFEBOAT_SCRATCH_DIR", str(VAR_DIR / "scratch")))

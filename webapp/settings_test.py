@@ -74,4 +74,6 @@ STORAGES = {
 }
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405 (WhiteNoise warns otherwise)
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+    # A file (worker processes open it too), one per test session so that two runs on
+    # one machine do not drop each other's database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}

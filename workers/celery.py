@@ -30,5 +30,9 @@ app.conf.beat_schedule = {
         "task": "workers.sweeper.requeue_unvalidated",
         "schedule": 60.0,
     },
+    "revalidate-pinned-and-latest": {
+        "task": "workers.sweeper.revalidate_stale",
+        "schedule": 3600.0,
+    },
 }
 app.conf.imports = ("workers.validate", "workers.sweeper")

@@ -44,3 +44,38 @@ def requeue_unvalidated(limit: int = 1000) -> int:
         Checkpoint.objects.filter(pk__in=ids).update(validation_enqueued_at=now)
         enqueue_validations(ids)
     return len(ids)
+
+
+@shared_task(name="workers.sweeper.revalidate_stale", ignore_result=True)
+def revalidate_stale(limit: int = 500) -> int:
+    """Check again, since bits rot, the checkpoints people rely on: pinned ones and the
+    latest verified of every run, when their last check is older than
+    REVALIDATE_AFTER_S. Their status stays until the new verdict."""
+    from django.db.models import Max, OuterRef, Subquery
+
+    from webapp.domain.models import Checkpoint, Validation
+    from workers.validate import validate_checkpoint
+
+    cutoff = timezone.now() - timedelta(seconds=settings.REVALIDATE_AFTER_S)
+    latest_verified = (
+        Checkpoint.objects.filter(run=OuterRef("run"), status="verified")
+        .order_by("-step")
+        .values("pk")[:1]
+    )
+    candidates = (
+        Checkpoint.objects.filter(status="verified")
+        .filter(Q(pinned=True) | Q(pk=Subquery(latest_verified)))
+        .annotate(last_check=Max("validations__created_at"))
+        .filter(Q(last_check__lt=cutoff) | Q(last_check__isnull=True))
+        .values_list("pk", flat=True)[:limit]
+    )
+    ids = list(candidates)
+    for checkpoint_id in ids:
+        # A queued row now, so the next sweep does not pick it again before it runs.
+        Validation.objects.create(
+            checkpoint_id=checkpoint_id, kind="integrity", requested_by="schedule"
+        )
+        validate_checkpoint.apply_async(
+            (checkpoint_id,), {"requested_by": "schedule", "revalidate": True}
+        )
+    return len(ids)

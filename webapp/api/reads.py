@@ -91,9 +91,15 @@ class ValidationOut(Schema):
     message: str
     findings: list[Any]
     timings: dict[str, Any]
+    progress: dict[str, Any]
+    requested_by: str
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+
+    @staticmethod
+    def resolve_progress(validation) -> dict:
+        return validation.progress()
 
 
 class CheckpointOut(Schema):
@@ -119,6 +125,7 @@ class CheckpointOut(Schema):
 
 
 class CheckpointDetailOut(CheckpointOut):
+    content: dict[str, Any]
     files: list[FileOut]
     replicas: list[ReplicaOut]
     validations: list[ValidationOut]
@@ -252,9 +259,9 @@ class ActionOut(Schema):
     response={202: ActionOut, 404: ErrorOut, 409: ErrorOut},
 )
 def validate(request, checkpoint_id: int):
-    """Check the checkpoint again (bits rot): it goes back to 'reported' and a
-    validation task is queued."""
-    from webapp.domain.ingest import enqueue_validations
+    """Check the checkpoint again (bits rot). Its status stays as it is until the new
+    check has a verdict; the Validation row shows progress meanwhile."""
+    from workers.validate import validate_checkpoint
 
     with transaction.atomic():
         checkpoint = get_object_or_404(
@@ -266,10 +273,6 @@ def validate(request, checkpoint_id: int):
             raise ApiError(409, f"checkpoint {checkpoint_id} was never saved; nothing to check")
         if checkpoint.status == CheckpointStatus.DELETED:
             raise ApiError(409, f"checkpoint {checkpoint_id} is deleted")
-        checkpoint.status = CheckpointStatus.REPORTED
-        checkpoint.validation_enqueued_at = timezone.now()
-        checkpoint.updated_at = timezone.now()
-        checkpoint.save(update_fields=["status", "validation_enqueued_at", "updated_at"])
         Event.objects.create(
             project=checkpoint.project,
             run=checkpoint.run,
@@ -278,7 +281,12 @@ def validate(request, checkpoint_id: int):
             time=timezone.now(),
             actor=request.auth.actor,
         )
-        transaction.on_commit(lambda: enqueue_validations([checkpoint.pk]))
+        actor = request.auth.actor
+        transaction.on_commit(
+            lambda: validate_checkpoint.apply_async(
+                (checkpoint.pk,), {"requested_by": actor, "revalidate": True}
+            )
+        )
     return Status(
         202, {"checkpoint": checkpoint.pk, "status": checkpoint.status, "message": "queued"}
     )

@@ -39,6 +39,9 @@ class Checkpoint(models.Model):
     file_count = models.IntegerField(default=0)
     save_seconds = models.FloatField(null=True, blank=True)
     metrics = models.JSONField(default=dict, blank=True)
+    # What the last load check saw: {"tensors", "parameters", "dtypes", "keys": {name:
+    # [dtype, shape]}}; the next checkpoint of the run is compared against it.
+    content = models.JSONField(default=dict, blank=True)
     status = models.CharField(
         max_length=16, choices=CheckpointStatus.choices, default=CheckpointStatus.REPORTED
     )

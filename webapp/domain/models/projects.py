@@ -27,9 +27,16 @@ class Scope(models.TextChoices):
 
 
 def validate_allowed_roots(value: object) -> None:
+    """Absolute directories, or s3://bucket/prefix for checkpoints that jobs write
+    straight to object storage."""
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ValidationError("allowed roots must be a list of absolute paths")
     for root in value:
+        if root.startswith("s3://"):
+            bucket = root[5:].split("/", 1)[0]
+            if not bucket or ".." in root.split("/"):
+                raise ValidationError(f"{root!r} is not s3://bucket/prefix without '..'")
+            continue
         path = PurePosixPath(root)
         if not path.is_absolute() or ".." in path.parts:
             raise ValidationError(f"{root!r} is not an absolute path without '..'")

@@ -38,6 +38,9 @@ class Validation(models.Model):
     timings = models.JSONField(default=dict, blank=True)
     findings = models.JSONField(default=list, blank=True)
     message = models.TextField(blank=True)
+    # Progress while it runs, written about once a second by the worker.
+    bytes_total = models.BigIntegerField(default=0)
+    bytes_done = models.BigIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -47,6 +50,23 @@ class Validation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} of {self.checkpoint_id}: {self.status}"
+
+    @property
+    def is_final(self) -> bool:
+        return self.status not in (ValidationStatus.QUEUED, ValidationStatus.RUNNING)
+
+    def progress(self, now=None) -> dict:
+        """Bytes done, rate (bytes/s) and ETA (s) for the UI and the CLI."""
+        now = now or timezone.now()
+        elapsed = (now - self.started_at).total_seconds() if self.started_at else 0.0
+        rate = self.bytes_done / elapsed if elapsed > 0 else 0.0
+        remaining = max(self.bytes_total - self.bytes_done, 0)
+        return {
+            "bytes_done": self.bytes_done,
+            "bytes_total": self.bytes_total,
+            "rate": rate,
+            "eta_s": remaining / rate if rate > 0 and not self.is_final else None,
+        }
 
 
 class ReplicaStatus(models.TextChoices):

@@ -1,0 +1,1 @@
+"""Checking checkpoints: integrity of the bytes, then what the files contain."""
