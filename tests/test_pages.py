@@ -60,3 +60,49 @@ def test_login_page_renders(client):
     response = client.get("/accounts/login/")
     assert response.status_code == 200
     assert b"Sign in" in response.content
+
+
+def test_the_checkpoint_page_shows_checks_findings_and_progress(api, token, client, member):
+    from django.utils import timezone
+
+    from webapp.domain.models import Checkpoint, Validation
+
+    api.post_events(token, saved(run="r", step=9))
+    checkpoint = Checkpoint.objects.get()
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(
+        status="corrupt", status_message="model.pt does not match its sha256"
+    )
+    Validation.objects.create(
+        checkpoint=checkpoint,
+        kind="integrity",
+        status="failed",
+        message="model.pt does not match its sha256",
+        findings=[{"severity": "corrupt", "code": "checksum_mismatch", "message": "bytes differ"}],
+        timings={"hash_s": 0.5},
+        bytes_total=1500,
+        bytes_done=1500,
+        started_at=timezone.now(),
+        finished_at=timezone.now(),
+    )
+    running = Validation.objects.create(
+        checkpoint=checkpoint,
+        kind="integrity",
+        status="running",
+        bytes_total=4 * 1024**3,
+        bytes_done=1024**3,
+        started_at=timezone.now() - timezone.timedelta(seconds=2),
+    )
+    client.force_login(member)
+    html = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/").content.decode()
+    assert "model.pt does not match its sha256" in html
+    assert "bytes differ" in html
+    assert "1.0 GiB of 4.0 GiB" in html
+    assert "MiB/s" in html and "left" in html  # rate and ETA while it runs
+    assert 'hx-trigger="every 2s"' in html
+    # Polling stops (286) once nothing is running any more.
+    running.status = "passed"
+    running.save()
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(status="verified")
+    fragment = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/", HTTP_HX_REQUEST="true")
+    assert fragment.status_code == 286
+    assert "<html" not in fragment.content.decode()

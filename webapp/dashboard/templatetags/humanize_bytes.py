@@ -19,3 +19,20 @@ def bytes_(value) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return ""
+
+
+@register.filter
+def rate(value) -> str:
+    """Bytes per second as '512.0 MiB/s'."""
+    text = bytes_(value)
+    return f"{text}/s" if text else ""
+
+
+@register.filter
+def eta(seconds) -> str:
+    if seconds is None:
+        return ""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    return f"{seconds // 60} min {seconds % 60:02d} s"
