@@ -6,7 +6,8 @@ COPY pyproject.toml README.md ./
 COPY webapp webapp
 COPY workers workers
 COPY lifeboat lifeboat
-RUN pip install --no-cache-dir .
+# The CPU build of torch for the load checks; use the CUDA index on GPU worker images.
+RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu '.[worker]'
 COPY . .
 RUN SECRET_KEY=build-only python manage.py collectstatic --noinput
 EXPOSE 8000

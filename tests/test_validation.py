@@ -11,13 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import ROOT, saved, wait_for
-
-torch = pytest.importorskip("torch")
-
-from webapp.domain.models import Checkpoint, Event, Validation  # noqa: E402
-from workers.validate import claim, validate_checkpoint  # noqa: E402
+from webapp.domain.models import Checkpoint, Event, Validation
+from workers.validate import claim, validate_checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
