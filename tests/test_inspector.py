@@ -680,3 +680,11 @@ def test_results_are_plain_json(tmp_path):
 
     assert json.loads(json.dumps(result)) == result
     assert relative_files(tmp_path) == files
+
+
+def test_an_unknown_binary_is_not_called_a_broken_torch_file(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(os.urandom(4096))
+    (tmp_path / "pytorch_model.bin").write_bytes(os.urandom(4096))
+    result = inspect_checkpoint(str(tmp_path), ["weights.bin", "pytorch_model.bin"], False)
+    flagged = {f["file"] for f in result["findings"] if f["severity"] == "corrupt"}
+    assert flagged == {"pytorch_model.bin"}  # its name promises a torch file; the other's does not

@@ -14,11 +14,8 @@ named in an `unsafe_pickle` finding and never imported, let alone called.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
 import errno
 import gc
-import importlib
 import io
 import json
 import math
@@ -45,7 +42,9 @@ import torch
 # Must match inspector.EXIT_OUT_OF_MEMORY (a test checks that they agree).
 EXIT_OUT_OF_MEMORY = 3
 
-TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+TORCH_SUFFIXES = (".pt", ".pth", ".ckpt")
+# `.bin` is any binary (DeepSpeed, custom formats); only these names promise torch.save.
+TORCH_BIN_NAMES = ("pytorch_model", "training_args")
 ZIP_MAGIC = b"PK\x03\x04"
 # A legacy (pre-1.6) torch.save file starts with the pickled magic number 0x1950a86a20f9469cfc6c.
 LEGACY_TORCH_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
@@ -314,7 +313,10 @@ def placeholders_for(names: list[str], kind: type[Placeholder]) -> list[tuple[ty
 
 def is_torch_candidate(path: str, head: bytes) -> tuple[bool, bool]:
     """(looks like a torch file, claimed to be one by its name)."""
-    claimed = path.endswith(TORCH_SUFFIXES)
+    name = PurePosixPath(path).name
+    claimed = path.endswith(TORCH_SUFFIXES) or (
+        name.endswith(".bin") and name.startswith(TORCH_BIN_NAMES)
+    )
     looks = head.startswith(ZIP_MAGIC) or head.startswith(LEGACY_TORCH_MAGIC)
     return looks or claimed, claimed
 
@@ -726,14 +728,54 @@ SAFE_PATHS = frozenset({"Path", "PosixPath", "PurePosixPath", "WindowsPath", "Pu
 DCP_PACKAGE = "torch.distributed.checkpoint"
 
 
+class DcpRecord:
+    """Stands in for a class of torch.distributed.checkpoint in `.metadata` (Metadata,
+    TensorStorageMetadata, MetadataIndex, _StorageInfo, ...): it keeps the pickled state
+    as attributes and runs no DCP code. DCP is not even imported, which also saves the
+    second that importing it takes."""
+
+    dcp_name = ""
+
+    def __init__(self, *args):  # a call, as for the _MEM_FORMAT_ENCODING enum
+        self.args = args
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
+            state = {**(state[0] or {}), **state[1]}  # (__dict__, __slots__) state
+        if isinstance(state, dict):
+            self.__dict__.update(state)
+        else:
+            self.state = state  # TensorProperties pickles a tuple
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """A TensorProperties' dtype, whichever way it was pickled."""
+        found = self.__dict__.get("dtype")
+        if isinstance(found, torch.dtype):
+            return found
+        state = self.__dict__.get("state")
+        values = state if isinstance(state, tuple) else ()
+        return next((v for v in values if isinstance(v, torch.dtype)), None)
+
+
+_dcp_records: dict[str, type[DcpRecord]] = {}
+
+
+def dcp_record(module: str, name: str) -> type[DcpRecord]:
+    full = f"{module}.{name}"
+    if full not in _dcp_records:
+        _dcp_records[full] = type(name, (DcpRecord,), {"dcp_name": full})
+    return _dcp_records[full]
+
+
 class DcpMetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP `.metadata` allowing only what DCP writes there: its own dataclasses
-    and enums, torch.Size, dtypes, layouts and memory formats, OrderedDict, a few plain
-    builtins and paths (constructing a path touches nothing). Anything else raises
-    UnsafeGlobal before it is imported."""
+    """Unpickles DCP `.metadata` allowing only what DCP writes there: its own classes (as
+    inert DcpRecord stand-ins), torch.Size, dtypes, layouts and memory formats,
+    OrderedDict, a few plain builtins and paths (constructing a path touches nothing).
+    Anything else raises UnsafeGlobal before it is imported."""
 
     def find_class(self, module: str, name: str):
-        if "." in name:  # "Path.touch" and the like: attribute paths are never followed
+        if not name.isidentifier():  # "Path.touch" and the like: attribute paths, never
             raise UnsafeGlobal(module, name)
         if (module, name) == ("collections", "OrderedDict"):
             return super().find_class(module, name)
@@ -750,25 +792,8 @@ class DcpMetadataUnpickler(pickle.Unpickler):
         if (module, name) == ("torch.serialization", "_get_layout"):
             return torch.serialization._get_layout  # maps a layout's name to the layout
         if module == DCP_PACKAGE or module.startswith(DCP_PACKAGE + "."):
-            value = _dcp_data_class(module, name)
-            if value is not None:
-                return value
+            return dcp_record(module, name)
         raise UnsafeGlobal(module, name)
-
-
-def _dcp_data_class(module: str, name: str):
-    """A dataclass or enum defined in a DCP module (constructing those runs no code of
-    consequence); None for anything else, such as a writer whose constructor makes
-    directories."""
-    try:
-        value = getattr(importlib.import_module(module), name, None)
-    except ImportError:
-        return None
-    if not isinstance(value, type) or value.__module__ != module:
-        return None
-    if dataclasses.is_dataclass(value) or issubclass(value, enum.Enum):
-        return value
-    return None
 
 
 def pickle_globals(data: bytes) -> list[str]:
@@ -903,14 +928,17 @@ def count_dcp_tensors(metadata, meta_rel: str, report: Report) -> None:
         properties = getattr(item, "properties", None)
         if size is None or properties is None:
             continue  # bytes items: pickled Python objects, not tensors
-        report.count(f"{meta_rel}:{fqn}", dtype_name(properties.dtype), list(size))
+        dtype = properties.dtype
+        report.count(f"{meta_rel}:{fqn}", dtype_name(dtype) if dtype else "unknown", list(size))
 
 
 def scan_dcp_tensors(base: str, root: str, metadata, meta_rel: str, report: Report) -> None:
-    """Scans every tensor chunk written with torch.save (the default DCP layout) through
-    torch's weights_only loader, one chunk in memory at a time, shard by shard; a tensor's
-    NaN/Inf counts add up over its chunks. Chunks in other layouts or transformed
-    (compressed) are left unscanned and counted in an info finding."""
+    """Scans every tensor chunk, shard by shard; a tensor's NaN/Inf counts add up over its
+    chunks. A chunk in the default layout (one torch.save'd tensor) is read in place: its
+    pickle is checked for unsafe globals without being run, and its stored bytes are
+    viewed through a mapping with the dtype the metadata gives, without copy. Chunks
+    that do not look like that go through torch.load(weights_only=True); transformed
+    (compressed) ones are left unscanned and counted in an info finding."""
     stats: dict[str, list] = {}  # fqn -> [NaN, Inf, all zero so far]
     skipped = 0
     items = sorted(
@@ -921,9 +949,10 @@ def scan_dcp_tensors(base: str, root: str, metadata, meta_rel: str, report: Repo
     try:
         for index, info in items:
             fqn = getattr(index, "fqn", None)
-            if getattr(metadata.state_dict_metadata.get(fqn), "properties", None) is None:
+            item = metadata.state_dict_metadata.get(fqn)
+            if getattr(item, "properties", None) is None:
                 continue  # a bytes item
-            tensor = load_dcp_chunk(shard, info, fqn, report)
+            tensor = load_dcp_chunk(shard, index, info, item, report)
             if tensor is None:
                 skipped += 1
                 continue
@@ -931,6 +960,7 @@ def scan_dcp_tensors(base: str, root: str, metadata, meta_rel: str, report: Repo
                 continue
             started = time.perf_counter()
             nan, inf, all_zero = scan_values(tensor)
+            del tensor
             report.scan_s += time.perf_counter() - started
             totals = stats.setdefault(fqn, [0, 0, True])
             totals[0] += nan
@@ -949,62 +979,98 @@ def scan_dcp_tensors(base: str, root: str, metadata, meta_rel: str, report: Repo
             "info",
             "not_scanned",
             f"{_plural(skipped, 'DCP chunk was', 'DCP chunks were')} not scanned for NaN "
-            "(transformed, not in torch.save layout, or unreadable)",
+            "(transformed, unsafe, or unreadable)",
         )
 
 
 class ShardReader:
-    """Reads byte ranges of DCP shards with pread, one shard open at a time (no mapping:
-    shards can be many and large, and the address space is limited)."""
+    """One DCP shard open (and mapped) at a time: shards can be many and large, and the
+    address space is limited."""
 
     def __init__(self, base: str, root: str):
         self.base, self.root = base, root
         self.path = ""
         self.fd = -1
+        self.mapped: mmap.mmap | None = None
 
-    def read(self, relative_path: str, offset: int, length: int) -> tuple[str, bytes]:
+    def open(self, relative_path: str) -> str:
         path = _join(self.root, relative_path)
         if path != self.path:
             self.close()
             self.fd = os.open(os.path.join(self.base, path), os.O_RDONLY)
             self.path = path
-        return path, os.pread(self.fd, length, offset)
+        return path
+
+    def read(self, offset: int, length: int) -> bytes:
+        return os.pread(self.fd, length, offset)
+
+    def view(self, dtype: torch.dtype, offset: int, count: int) -> torch.Tensor:
+        if self.mapped is None:
+            # ACCESS_COPY: private, so torch gets a writable buffer and the file is safe.
+            self.mapped = mmap.mmap(self.fd, 0, access=mmap.ACCESS_COPY)
+        return torch.frombuffer(self.mapped, dtype=dtype, count=count, offset=offset)
 
     def close(self) -> None:
+        _close_quietly(self.mapped)
+        self.mapped = None
         if self.fd >= 0:
             os.close(self.fd)
         self.fd, self.path = -1, ""
 
 
-def load_dcp_chunk(shard: ShardReader, info, fqn: str, report: Report):
+class FileWindow(io.RawIOBase):
+    """Bytes [start, start + length) of an open file, as a seekable file of their own, so
+    that zipfile can read the torch.save archive that a DCP chunk is."""
+
+    def __init__(self, fd: int, start: int, length: int):
+        super().__init__()
+        self.fd, self.start, self.length, self.position = fd, start, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        origin = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.length}[whence]
+        self.position = max(0, origin + offset)
+        return self.position
+
+    def readinto(self, buffer) -> int:
+        wanted = max(0, min(len(buffer), self.length - self.position))
+        data = os.pread(self.fd, wanted, self.start + self.position)
+        buffer[: len(data)] = data
+        self.position += len(data)
+        return len(data)
+
+
+def load_dcp_chunk(shard: ShardReader, index, info, item, report: Report):
     """One chunk of a DCP tensor as a tensor, or None when it cannot be scanned."""
     if getattr(info, "transform_descriptors", None):
         return None
+    fqn = index.fqn
+    path = shard.open(info.relative_path)
     started = time.perf_counter()
-    path = _join(shard.root, info.relative_path)
     try:
-        path, chunk = shard.read(info.relative_path, info.offset, info.length)
-        if not chunk.startswith(ZIP_MAGIC):
+        if not shard.read(info.offset, 4).startswith(ZIP_MAGIC):
             return None
+        in_place = dcp_chunk_in_place(shard, index, info, item, path, report)
+        if in_place is not False:
+            return in_place
+        chunk = shard.read(info.offset, info.length)
         tensor = torch.load(io.BytesIO(chunk), weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:
-        names = _unsafe_globals_in_bytes(chunk)
-        if names:
-            report.add(
-                "suspicious",
-                "unsafe_pickle",
-                f"{path}: the chunk of {fqn} is not loadable safely: it needs the globals "
-                f"{', '.join(names)}, which Lifeboat never executes",
-                path,
-            )
-        else:
-            report.add(
-                "corrupt",
-                "load_failed",
-                f"{path}: the chunk of {fqn} at byte {info.offset} could not be loaded: its "
-                f"pickle is damaged ({weights_only_reason(exc)})",
-                path,
-            )
+        report.add(
+            "corrupt",
+            "load_failed",
+            f"{path}: the chunk of {fqn} at byte {info.offset} could not be loaded: "
+            f"{weights_only_reason(exc)}",
+            path,
+        )
         return None
     except Exception as exc:  # torch raises RuntimeError, EOFError, ...
         raise_if_out_of_memory(exc)
@@ -1019,6 +1085,51 @@ def load_dcp_chunk(shard: ShardReader, info, fqn: str, report: Report):
     finally:
         report.load_s += time.perf_counter() - started
     return tensor if isinstance(tensor, torch.Tensor) else None
+
+
+def dcp_chunk_in_place(shard: ShardReader, index, info, item, path: str, report: Report):
+    """The chunk's elements viewed in place (flat: NaN counts and all-zero do not depend
+    on the shape); None when its pickle is unsafe (reported); False when the chunk is not
+    laid out as expected, for the caller to torch.load it instead."""
+    sizes = _chunk_sizes(item, index)
+    dtype = item.properties.dtype
+    if sizes is None or not isinstance(dtype, torch.dtype):
+        return False
+    with zipfile.ZipFile(FileWindow(shard.fd, info.offset, info.length)) as archive:
+        records = archive.infolist()
+        pickles = [r for r in records if r.filename.endswith("data.pkl")]
+        data = [r for r in records if re.search(r"/data/\d+$", r.filename)]
+        if len(pickles) != 1 or len(data) != 1 or data[0].compress_type != zipfile.ZIP_STORED:
+            return False
+        unsafe = sorted(set(pickle_globals(archive.read(pickles[0]))) - _torch_allowed_globals())
+    if unsafe:
+        report.add(
+            "suspicious",
+            "unsafe_pickle",
+            f"{path}: the chunk of {index.fqn} is not loadable safely: it needs the globals "
+            f"{', '.join(unsafe)}, which Lifeboat never executes",
+            path,
+        )
+        return None
+    count = math.prod(sizes)
+    if data[0].file_size != count * dtype.itemsize or count == 0:
+        return False
+    header = shard.read(info.offset + data[0].header_offset, 30)
+    if not header.startswith(ZIP_MAGIC):
+        return False
+    name_length, extra_length = struct.unpack("<HH", header[26:30])
+    start = info.offset + data[0].header_offset + 30 + name_length + extra_length
+    return shard.view(dtype, start, count)
+
+
+def _chunk_sizes(item, index) -> list[int] | None:
+    """The sizes of the chunk that `index` names, from the tensor's metadata."""
+    offsets = list(getattr(index, "offset", None) or [])
+    chunks = getattr(item, "chunks", None) or []
+    for chunk in chunks:
+        if list(chunk.offsets) == offsets:
+            return list(chunk.sizes)
+    return None
 
 
 def _join(root: str, rel: str) -> str:
