@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import signal
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,18 @@ def test_a_malicious_protocol_4_pickle_is_named_too(tmp_path):
 
     assert "the globals pathlib.Path.touch, pathlib.PosixPath, which Lifeboat" in finding["message"]
     assert not pwned.exists()
+
+
+def test_a_torchscript_archive_is_not_loaded(tmp_path):
+    # The records that torch.jit.save writes and torch.load recognises it by (made by hand:
+    # scripting a module would take seconds).
+    with zipfile.ZipFile(tmp_path / "model.pt", "w") as archive:
+        for record in ("data.pkl", "constants.pkl", "code/__torch__.py", "version"):
+            archive.writestr(f"model/{record}", b"\x80\x02N.")
+
+    finding = only(check(tmp_path, ["model.pt"]), "torchscript_archive")
+
+    assert finding["severity"] == "suspicious"
 
 
 def test_a_zero_byte_file_is_empty(tmp_path):
@@ -560,7 +573,11 @@ def test_a_good_checkpoint_passes_through_the_child(tmp_path, warm):
     assert result["keys"] == check(tmp_path, files)["keys"]
 
 
-@pytest.mark.parametrize("payload", [TouchOnLoad, SystemOnLoad], ids=["path-touch", "os-system"])
+@pytest.mark.parametrize(
+    ("payload", "warm"),
+    [(TouchOnLoad, False), (TouchOnLoad, True), (SystemOnLoad, True)],
+    ids=["path-touch-fresh", "path-touch-warm", "os-system-warm"],
+)
 def test_a_malicious_pickle_is_reported_and_never_executed(tmp_path, warm, payload):
     pwned = tmp_path / "pwned"
     files = save_torch(tmp_path, "model.pt", {"w": torch.ones(2), "x": payload(str(pwned))})

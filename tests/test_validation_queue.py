@@ -12,12 +12,32 @@ from webapp.domain.models import Checkpoint, Validation
 
 @pytest.mark.django_db(transaction=True)
 def test_a_saved_checkpoint_is_queued_for_validation_after_commit(api, token, queues):
-    api.post_events(token, {"events": [saved(step=1), saved(step=2)]})
+    api.post_events(token, saved(step=1))
+    checkpoint = Checkpoint.objects.get()
+    assert queued_tasks(queues) == [
+        {"task": "workers.validate.validate_checkpoint", "args": [checkpoint.pk], "kwargs": {}}
+    ]
+    assert checkpoint.validation_enqueued_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_is_queued_as_one_dispatch_message(api, token, queues):
+    # Publishing costs about a millisecond a message: a batch of 1000 publishes one.
+    api.post_events(token, {"events": [saved(step=s) for s in range(1, 301)]})
     ids = sorted(Checkpoint.objects.values_list("pk", flat=True))
-    tasks = queued_tasks(queues)
-    assert sorted(t["args"][0] for t in tasks) == ids
-    assert {t["task"] for t in tasks} == {"workers.validate.validate_checkpoint"}
+    [task] = queued_tasks(queues)
+    assert task["task"] == "workers.validate.dispatch_validations"
+    assert sorted(task["args"][0]) == ids
     assert all(c.validation_enqueued_at for c in Checkpoint.objects.all())
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_fans_a_batch_out_and_checks_every_checkpoint(api, token, queues, celery_worker):
+    api.post_events(token, {"events": [saved(step=s) for s in range(1, 4)]})
+    wait_for(lambda: all(c.is_settled for c in Checkpoint.objects.all()), timeout=60)
+    assert set(Checkpoint.objects.values_list("status", flat=True)) == {"missing"}
+    assert Validation.objects.count() == 3
 
 
 @pytest.mark.django_db(transaction=True)

@@ -73,7 +73,10 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405 (WhiteNoise warns otherwise)
-if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    # One test database per session: two runs on one machine must not share one.
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
+elif DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # A file (worker processes open it too), one per test session so that two runs on
     # one machine do not drop each other's database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}

@@ -275,3 +275,14 @@ def record_error(validation_id: int, exc: Exception) -> None:
             checkpoint.status = CheckpointStatus.REPORTED
             checkpoint.validation_enqueued_at = None  # the sweeper puts it back later
         checkpoint.save(update_fields=["status", "status_message", "validation_enqueued_at"])
+
+
+@shared_task(name="workers.validate.dispatch_validations", ignore_result=True)
+def dispatch_validations(checkpoint_ids: list[int]) -> int:
+    """Fan a batch out into one validation task per checkpoint, so that they run in
+    parallel on every worker. Safe to run twice: validations of settled checkpoints
+    return at once."""
+    from webapp.domain.ingest import publish_validations
+
+    publish_validations(checkpoint_ids)
+    return len(checkpoint_ids)

@@ -3,12 +3,20 @@
 Reads one request as JSON on stdin: {"base": dir, "files": [relative paths],
 "single_file": bool, "format_hint": str}; writes one JSON object on stdout (the shape is
 documented in inspector.inspect_checkpoint). Exits with EXIT_OUT_OF_MEMORY when it runs
-out of memory, so that the parent can say so.
+out of memory, so that the parent can say so. With `--serve` it is the warm helper
+instead: torch imported once, one forked child per request (see serve()).
 
 This module imports torch but never Django, and never unpickles anything with arbitrary
 globals: torch files go through torch's weights_only unpickler, DCP metadata through a
-restricted unpickler that allows only the classes DCP itself writes. Any other global is
-named in an `unsafe_pickle` finding and never imported, let alone called.
+restricted unpickler that turns DCP's own classes into inert stand-ins. Any other global
+is named in an `unsafe_pickle` finding and never imported, let alone called.
+
+Per file: torch files (.pt .pth .bin .ckpt, or zip / legacy torch magic) get their zip
+directory checked, then torch.load(weights_only=True, mmap=True); safetensors files get
+their header validated against the format and the file length, then are mapped; DCP
+directories get their .metadata read and every shard it names checked for presence and
+length; HF Trainer indexes and trainer_state.json are parsed and every indexed shard
+must be present. Every tensor read is counted and scanned for NaN, Inf and all-zero.
 """
 
 from __future__ import annotations
@@ -347,6 +355,16 @@ def check_zip_directory(full: str, rel: str, size: int, report: Report) -> bool:
                 rel,
             )
             return False
+    if any(info.filename.endswith("constants.pkl") for info in infos):
+        # torch.load would hand it to torch.jit.load, which weights_only forbids.
+        report.add(
+            "suspicious",
+            "torchscript_archive",
+            f"{rel} is a TorchScript archive (torch.jit.save), not a checkpoint that "
+            "torch.load can read safely; its tensors were not inspected",
+            rel,
+        )
+        return False
     if not any(info.filename.endswith("data.pkl") for info in infos):
         report.add(
             "corrupt",
@@ -373,14 +391,6 @@ def unsafe_globals(full: str, is_zip: bool, error: Exception) -> list[str]:
     if not names:
         names = re.findall(r"GLOBAL ([\w.]+)", str(error))[:1]
     return sorted(set(names))
-
-
-def _unsafe_globals_in_bytes(data: bytes) -> list[str]:
-    try:
-        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data)))
-    except Exception as exc:
-        raise_if_out_of_memory(exc)
-        return []
 
 
 def _torch_allowed_globals() -> set[str]:

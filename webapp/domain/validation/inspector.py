@@ -85,7 +85,11 @@ def inspect_checkpoint(
     Memory: `memory_bytes` bounds what the child allocates. The child maps weight files
     (mmap) rather than reading them, and a mapping counts against RLIMIT_AS although it
     takes no memory of its own, so the address-space limit is `memory_bytes` plus the size
-    of the largest file (the child maps one file at a time).
+    of the largest file (the child maps one file at a time). torch alone maps about
+    550 MiB, so a limit below ~700 MiB fails every check as out of memory.
+
+    `warm=True` runs the check in a child forked from a helper that imported torch once
+    (see the module docstring): the same limits, without paying for `import torch`.
     """
     request = {
         "base": str(base),
@@ -130,8 +134,27 @@ def apply_limits(address_space: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
 
 
+# The only parts of the worker's environment the child gets: it needs no database or
+# storage credentials, and reads files from strangers.
+CHILD_ENV_PREFIXES = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_",
+    "TMPDIR",
+    "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "TORCH_",
+    "MALLOC_",
+)
+
+
 def child_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k.startswith(CHILD_ENV_PREFIXES)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
     # Each glibc malloc arena reserves 64 MiB of address space; with one per thread they
     # would eat the RLIMIT_AS budget on a machine with many cores.
