@@ -505,13 +505,21 @@ def test_a_lightning_checkpoint_passes(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("hparams", "needs"),
+    ("hparams", "needs", "severity"),
     [
-        (argparse.Namespace(lr=0.01, layers=2), "argparse.Namespace"),
-        (AttributeDict(lr=0.01, layers=2), "tests.fixtures_checkpoints.AttributeDict"),
+        # A class of a library training jobs commonly use: noted.
+        (argparse.Namespace(lr=0.01, layers=2), "argparse.Namespace", "info"),
+        # A class from anywhere else: suspicious.
+        (
+            AttributeDict(lr=0.01, layers=2),
+            "tests.fixtures_checkpoints.AttributeDict",
+            "suspicious",
+        ),
     ],
 )
-def test_lightning_hyper_parameters_objects_are_reported_and_left_out(tmp_path, hparams, needs):
+def test_lightning_hyper_parameters_objects_are_reported_and_left_out(
+    tmp_path, hparams, needs, severity
+):
     ckpt = lightning_checkpoint(hyper_parameters=hparams)
     ckpt["state_dict"]["model.fc.weight"][0, 0] = math.nan
     files = save_torch(tmp_path, "last.ckpt", ckpt)
@@ -520,7 +528,7 @@ def test_lightning_hyper_parameters_objects_are_reported_and_left_out(tmp_path, 
 
     assert result["format"] == "lightning"
     unsafe = only(result, "unsafe_pickle")
-    assert unsafe["severity"] == "suspicious"
+    assert unsafe["severity"] == severity
     assert unsafe["message"] == (
         f"last.ckpt is not loadable safely: it needs the globals {needs}, which Lifeboat "
         "never executes (its tensors were scanned with those objects left out)"
@@ -563,10 +571,12 @@ def warm(request):
     return request.param
 
 
-def test_a_good_checkpoint_passes_through_the_child(tmp_path, warm):
+def test_a_good_checkpoint_passes_through_the_child(tmp_path):
+    # Warm only: the fresh child's whole path is covered by the malicious, timeout and
+    # memory tests below, and each fresh child costs an `import torch` (seconds).
     files = save_torch(tmp_path, "model.pt", small_state_dict())
 
-    result = inspect_checkpoint(str(tmp_path), files, True, "torch", warm=warm)
+    result = inspect_checkpoint(str(tmp_path), files, True, "torch", warm=True)
 
     assert result["findings"] == []
     assert result["tensors"] == 4
@@ -702,6 +712,40 @@ def test_results_are_plain_json(tmp_path):
 def test_an_unknown_binary_is_not_called_a_broken_torch_file(tmp_path):
     (tmp_path / "weights.bin").write_bytes(os.urandom(4096))
     (tmp_path / "pytorch_model.bin").write_bytes(os.urandom(4096))
-    result = inspect_checkpoint(str(tmp_path), ["weights.bin", "pytorch_model.bin"], False)
+    result = inspect_checkpoint(
+        str(tmp_path), ["weights.bin", "pytorch_model.bin"], False, warm=True
+    )
     flagged = {f["file"] for f in result["findings"] if f["severity"] == "corrupt"}
     assert flagged == {"pytorch_model.bin"}  # its name promises a torch file; the other's does not
+
+
+class _FakeHyperParameters(dict):
+    """Stands in for Lightning's AttributeDict: a dict subclass from a library module."""
+
+
+_FakeHyperParameters.__module__ = "lightning.fabric.utilities.data"
+_FakeHyperParameters.__qualname__ = "AttributeDict"
+
+
+def test_library_objects_in_a_lightning_checkpoint_are_noted_not_flagged(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    # torch.save pickles the class by module and name, so that module must exist here.
+    module = types.ModuleType("lightning.fabric.utilities.data")
+    module.AttributeDict = _FakeHyperParameters
+    for name in ("lightning", "lightning.fabric", "lightning.fabric.utilities"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "lightning.fabric.utilities.data", module)
+    state = {
+        "state_dict": {"fc.weight": torch.ones(2, 2)},
+        "global_step": 10,
+        "epoch": 1,
+        "hyper_parameters": _FakeHyperParameters(lr=0.1),
+    }
+    torch.save(state, tmp_path / "last.ckpt")
+    result = inspect_checkpoint(str(tmp_path), ["last.ckpt"], True, warm=True)
+    [finding] = [f for f in result["findings"] if f["code"] == "unsafe_pickle"]
+    assert finding["severity"] == "info"
+    assert "lightning.fabric.utilities.data.AttributeDict" in finding["message"]
+    assert result["tensors"] == 1

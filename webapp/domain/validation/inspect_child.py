@@ -51,6 +51,18 @@ import torch
 EXIT_OUT_OF_MEMORY = 3
 
 TORCH_SUFFIXES = (".pt", ".pth", ".ckpt")
+# Globals of training libraries that their own checkpoints carry (see
+# load_around_unsafe_globals); anything else needing code to load stays suspicious.
+EXPECTED_GLOBAL_PREFIXES = (
+    "transformers.",
+    "accelerate.",
+    "numpy.",
+    "lightning.",
+    "pytorch_lightning.",
+    "lightning_fabric.",
+    "argparse.Namespace",
+    "omegaconf.",
+)
 # `.bin` is any binary (DeepSpeed, custom formats); only these names promise torch.save.
 TORCH_BIN_NAMES = ("pytorch_model", "training_args")
 ZIP_MAGIC = b"PK\x03\x04"
@@ -491,8 +503,13 @@ def load_around_unsafe_globals(full: str, rel: str, is_zip: bool, names: list[st
         if obj is not None
         else "its tensors could not be scanned"
     )
+    # HF Trainer writes TrainingArguments and numpy RNG states, Lightning an AttributeDict
+    # of hyper-parameters: every real checkpoint of theirs needs such globals. When all of
+    # them come from these libraries and the tensors were still read (with the objects
+    # stubbed out, never run), that is normal, not suspicious.
+    expected = obj is not None and all(n.startswith(EXPECTED_GLOBAL_PREFIXES) for n in names)
     report.add(
-        "suspicious",
+        "info" if expected else "suspicious",
         "unsafe_pickle",
         f"{rel} is not loadable safely: it needs the globals {', '.join(names)}, which "
         f"Lifeboat never executes ({outcome})",
