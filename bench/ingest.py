@@ -339,6 +339,19 @@ def redis_client():
     return redis.Redis.from_url(REDIS_URL, socket_timeout=10)
 
 
+def queued_checkpoint_ids() -> int:
+    """Distinct checkpoint ids waiting on the validate queue: one per validate_checkpoint
+    message, all of a batch's in one dispatch_validations message."""
+    import base64
+
+    ids: set[int] = set()
+    for raw in redis_client().lrange("validate", 0, -1):
+        message = json.loads(raw)
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        ids.update(args[0] if isinstance(args[0], list) else [args[0]])
+    return len(ids)
+
+
 # --- wrk --------------------------------------------------------------------------------
 
 
@@ -1009,12 +1022,12 @@ def main(argv: list[str] | None = None) -> int:
                 "--quiet-token` gave the token")  # fmt: skip
             lifeboat_settings = args.gunicorn
             lifeboat_final = measure(lifeboat, lifeboat_settings, args, args.modes)
-            queued = redis_client().llen("validate")
+            queued = queued_checkpoint_ids()
             with pg_connect(LIFEBOAT_DB) as conn:
                 (checkpoints,) = conn.execute(Lifeboat.counts["checkpoints"]).fetchone()
             say(
-                f"  validation tasks queued in Redis db 12: {queued:,} for {checkpoints:,} "
-                f"checkpoints [{'OK' if queued == checkpoints else 'MISMATCH'}]"
+                f"  checkpoints queued for validation in Redis db 12: {queued:,} for "
+                f"{checkpoints:,} checkpoints [{'OK' if queued == checkpoints else 'MISMATCH'}]"
             )
         if not args.skip_mlflow:
             mlflow = MLflow(args)
