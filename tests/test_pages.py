@@ -106,3 +106,22 @@ def test_the_checkpoint_page_shows_checks_findings_and_progress(api, token, clie
     fragment = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/", HTTP_HX_REQUEST="true")
     assert fragment.status_code == 286
     assert "<html" not in fragment.content.decode()
+
+
+def test_a_finished_checks_rate_is_over_its_own_duration():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from webapp.domain.models import Validation
+
+    start = timezone.now() - timedelta(hours=1)
+    validation = Validation(
+        status="passed",
+        bytes_total=1000,
+        bytes_done=1000,
+        started_at=start,
+        finished_at=start + timedelta(seconds=2),
+    )
+    assert validation.progress()["rate"] == 500
+    assert validation.progress()["eta_s"] is None

@@ -72,7 +72,7 @@ def test_a_good_checkpoint_is_verified_with_its_content(api, token, root):
     write_state(root / "step-1" / "model.pt", small_model())
     checkpoint = check(report(api, token, root / "step-1", 1))
     assert checkpoint.status == "verified", checkpoint.status_message
-    assert checkpoint.status_message.startswith("All 1 file match their sha256")
+    assert checkpoint.status_message.startswith("The file matches its sha256")
     assert "3 tensors, 2,752 parameters load safely and are finite" in checkpoint.status_message
     assert checkpoint.content["tensors"] == 3
     assert checkpoint.content["keys"]["model.pt:fc.weight"] == ["float32", [10, 64]]

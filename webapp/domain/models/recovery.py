@@ -57,8 +57,8 @@ class Validation(models.Model):
 
     def progress(self, now=None) -> dict:
         """Bytes done, rate (bytes/s) and ETA (s) for the UI and the CLI."""
-        now = now or timezone.now()
-        elapsed = (now - self.started_at).total_seconds() if self.started_at else 0.0
+        end = self.finished_at or now or timezone.now()
+        elapsed = (end - self.started_at).total_seconds() if self.started_at else 0.0
         rate = self.bytes_done / elapsed if elapsed > 0 else 0.0
         remaining = max(self.bytes_total - self.bytes_done, 0)
         return {

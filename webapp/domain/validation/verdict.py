@@ -106,9 +106,10 @@ def decide(findings: list[Finding], bytes_read: int, file_count: int, content: d
             CheckpointStatus.SUSPICIOUS, ValidationStatus.WARNING, _join(doubtful), findings
         )
     message = (
-        f"All {file_count} file{'s' if file_count != 1 else ''} match their sha256 "
-        f"({_size(bytes_read)} read)"
-    )
+        f"All {file_count} files match their sha256"
+        if file_count != 1
+        else "The file matches its sha256"
+    ) + f" ({_size(bytes_read)} read)"
     if content.get("tensors"):
         message += (
             f"; {content['tensors']:,} tensors, {content.get('parameters', 0):,} parameters "
