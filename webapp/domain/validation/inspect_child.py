@@ -32,7 +32,6 @@ import os
 import pickle
 import pickletools
 import re
-import resource
 import selectors
 import signal
 import struct
@@ -1325,15 +1324,6 @@ def serve() -> int:
     return 0
 
 
-def apply_limits(address_space: int) -> None:
-    """Same as inspector.apply_limits (this module must not import the parent side)."""
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if hard != resource.RLIM_INFINITY:
-        address_space = min(address_space, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-
-
 def run_forked(request: dict, address_space: int, timeout_s: float, answers_fd: int) -> dict:
     """Runs one check in a forked child under the limits; kills it at the timeout."""
     result_r, result_w = os.pipe()
@@ -1376,6 +1366,9 @@ def _kill_child(pid: int) -> None:
 def _run_child(request: dict, address_space: int, result_fd: int) -> None:
     code = 1
     try:
+        # The parent side imports only the standard library, so this costs nothing.
+        from webapp.domain.validation.inspector import apply_limits
+
         apply_limits(address_space)
         data = json.dumps(inspect(request)).encode()
         view = memoryview(data)
