@@ -63,6 +63,8 @@ class IngestResult:
     created: list[uuid.UUID] = field(default_factory=list)
     duplicates: list[uuid.UUID] = field(default_factory=list)
     enqueued: list[int] = field(default_factory=list)
+    # "created" or "duplicate" for each event, in the order they were given.
+    statuses: list[str] = field(default_factory=list)
 
 
 def ingest(project: Project, actor: str, events: Sequence, raw: Sequence[dict]) -> IngestResult:
@@ -91,6 +93,7 @@ def ingest(project: Project, actor: str, events: Sequence, raw: Sequence[dict]) 
     for i, event in enumerate(events):
         is_new = event.id in inserted and firsts[event.id] == i
         (result.created if is_new else result.duplicates).append(event.id)
+        result.statuses.append("created" if is_new else "duplicate")
     return result
 
 
