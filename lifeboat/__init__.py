@@ -1,8 +1,27 @@
-"""The Lifeboat client that training jobs import.
+"""The Lifeboat client that training jobs import. Standard library only at its core;
+`lifeboat.torch`, `lifeboat.lightning` and `lifeboat.hf` import their framework lazily.
 
-Not written yet (issue #3): until then, jobs send v1 events to POST /api/v1/events
-themselves (docs/api.md has the contract and a curl example). The client will need only
-the standard library at its core.
+    import lifeboat
+
+    with lifeboat.Run("my-run") as run:          # LIFEBOAT_URL / LIFEBOAT_TOKEN from the env
+        ...
+        run.checkpoint("ckpt/step-1000.pt", step=1000)
+
+    path = lifeboat.latest("my-run")             # the newest verified checkpoint, local
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+from lifeboat.config import Config, ConfigError  # noqa: E402
+from lifeboat.restore import LatestError, latest  # noqa: E402
+from lifeboat.run import CheckpointReport, Run, current_run  # noqa: E402
+
+__all__ = [
+    "CheckpointReport",
+    "Config",
+    "ConfigError",
+    "LatestError",
+    "Run",
+    "current_run",
+    "latest",
+]

@@ -241,8 +241,9 @@ def free_port() -> int:
 class WebServer:
     """Lifeboat served by gunicorn in its own process, as in production."""
 
-    def __init__(self, env: dict, **overrides: str):
-        self.port = free_port()
+    def __init__(self, env: dict, port: int | None = None, **overrides: str):
+        # A given port lets a test stop the server and start it again at the same address.
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**env, "ALLOWED_HOSTS": "127.0.0.1,localhost", **overrides}
         self.process = subprocess.Popen(
@@ -389,3 +390,14 @@ def s3(s3_server, settings):
     settings.S3_ACCESS_KEY_ID = s3_server.key
     settings.S3_SECRET_ACCESS_KEY = s3_server.secret
     return s3_server
+
+
+@pytest.fixture
+def server(worker_env):
+    """Lifeboat's web server for one test, which the test may stop and start again."""
+    from tests.client_support import RestartableServer
+
+    web = RestartableServer(worker_env)
+    web.start()
+    yield web
+    web.stop()

@@ -1,0 +1,5 @@
+import sys
+
+from lifeboat.cli import main
+
+sys.exit(main())

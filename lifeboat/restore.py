@@ -1,0 +1,199 @@
+"""`lifeboat.latest`: what a restarting job calls to get back on its feet.
+
+It asks the server for the run's newest verified checkpoint. If the copy where the job
+wrote it is there and every file matches its sha256, that path is the answer. Otherwise
+the checkpoint comes from a verified replica in object storage, through the presigned
+URLs the server hands out (so the job needs no S3 credentials and no boto3): each file is
+streamed to a temporary name, hashed on the way, and renamed into place only when its
+sha256 matches. A damaged local copy is left where it is, for a person to look at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from lifeboat.config import Config
+from lifeboat.files import hash_file
+from lifeboat.transport import ServerError, Unreachable, api_url, quote_key, request
+
+CHUNK = 1024 * 1024
+
+
+class LatestError(Exception):
+    """No verified checkpoint could be handed back; the message says why."""
+
+
+class Progress:
+    """Bytes, rate and ETA on one line of stderr, at most every half second."""
+
+    def __init__(self, total: int, label: str, stream=None, enabled: bool = True):
+        self.total, self.label, self.done = total, label, 0
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.started = time.monotonic()
+        self._shown = 0.0
+
+    def add(self, count: int) -> None:
+        self.done += count
+        now = time.monotonic()
+        if self.enabled and (now - self._shown >= 0.5 or self.done >= self.total):
+            self._shown = now
+            self.stream.write("\r" + self.line(now))
+            self.stream.flush()
+
+    def line(self, now: float | None = None) -> str:
+        elapsed = max((now or time.monotonic()) - self.started, 1e-9)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate > 0 else 0
+        percent = 100 * self.done / self.total if self.total else 100
+        return (
+            f"{self.label}: {_size(self.done)} / {_size(self.total)} ({percent:.0f}%) "
+            f"{_size(rate)}/s, ETA {eta:.0f} s   "
+        )
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"
+
+
+def latest_info(run: str, config: Config) -> dict:
+    """The server's answer for the newest verified checkpoint of `run`."""
+    try:
+        return request(
+            "GET",
+            api_url(config.url, f"/runs/{quote_key(run)}/latest"),
+            config.token,
+            timeout=config.timeout_s,
+        )
+    except ServerError as exc:
+        raise LatestError(f"the server has no checkpoint to give: {exc}") from None
+    except Unreachable as exc:
+        raise LatestError(f"the server at {config.url} is unreachable: {exc}") from None
+
+
+def _local_copy_ok(checkpoint: dict) -> tuple[bool, str]:
+    location = checkpoint.get("location", "")
+    if location.startswith("s3://"):
+        return False, "the checkpoint lives in object storage"
+    files = checkpoint.get("files") or []
+    single = len(files) == 1 and files[0]["path"] == os.path.basename(location)
+    base = Path(location).parent if single else Path(location)
+    for spec in files:
+        path = base / spec["path"]
+        try:
+            if path.stat().st_size != spec["size"]:
+                return False, f"{path} has the wrong size"
+        except FileNotFoundError:
+            return False, f"{path} is missing"
+    for spec in files:
+        path = base / spec["path"]
+        if hash_file(path)[0] != spec["sha256"]:
+            return False, f"{path} does not match its sha256"
+    return True, ""
+
+
+def _download(url: str, destination: Path, spec: dict, progress: Progress) -> None:
+    temporary = destination.with_name(f".{destination.name}.part-{uuid.uuid4().hex[:8]}")
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(temporary, "wb") as out:  # noqa: S310 (a presigned URL from our server)
+            while chunk := response.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+                progress.add(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+        if size != spec["size"] or digest.hexdigest() != spec["sha256"]:
+            raise LatestError(
+                f"{spec['path']} from the replica does not match: {size} bytes with sha256 "
+                f"{digest.hexdigest()[:12]}…, expected {spec['size']} bytes with "
+                f"{spec['sha256'][:12]}…"
+            )
+        os.replace(temporary, destination)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def fetch_replica(checkpoint: dict, destination: Path, show_progress: bool = True) -> Path:
+    """Download the checkpoint from its first verified replica that works into
+    `destination` (a directory), verifying every file; the path to hand to the loader."""
+    replicas = [r for r in checkpoint.get("replicas") or [] if r.get("files")]
+    if not replicas:
+        raise LatestError(
+            f"checkpoint {checkpoint.get('id')} (step {checkpoint.get('step')}) is not usable "
+            "here and has no verified replica to restore from"
+        )
+    files = checkpoint["files"]
+    total = sum(spec["size"] for spec in files)
+    location = checkpoint.get("location", "")
+    single = len(files) == 1 and files[0]["path"] == os.path.basename(location.rstrip("/"))
+    errors = []
+    for replica in replicas:
+        urls = {item["path"]: item["url"] for item in replica["files"]}
+        staging = destination.with_name(f".{destination.name}.restoring-{uuid.uuid4().hex[:8]}")
+        staging.mkdir(parents=True)
+        progress = Progress(total, f"restoring from {replica.get('target')}", enabled=show_progress)
+        try:
+            for spec in files:
+                if spec["path"] not in urls:
+                    raise LatestError(f"the replica has no object for {spec['path']}")
+                target = staging / spec["path"]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _download(urls[spec["path"]], target, spec, progress)
+            progress.close()
+            if destination.exists():
+                shutil.rmtree(destination)
+            os.replace(staging, destination)
+            return destination / files[0]["path"] if single else destination
+        except (LatestError, OSError) as exc:
+            progress.close()
+            errors.append(f"{replica.get('target')}: {exc}")
+            shutil.rmtree(staging, ignore_errors=True)
+    raise LatestError("no replica could be restored: " + "; ".join(errors))
+
+
+def latest(
+    run: str | None = None,
+    *,
+    url: str | None = None,
+    token: str | None = None,
+    dest: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> Path:
+    """The local path of the newest verified checkpoint of `run` (LIFEBOAT_RUN by
+    default): the job's own copy if it is intact, else a verified download from a replica
+    into `dest` (LIFEBOAT_RESTORE_DIR, or a folder beside the spool)."""
+    config = Config.resolve(url=url, token=token)
+    run = run or os.environ.get("LIFEBOAT_RUN")
+    if not run:
+        raise LatestError("which run? pass run= or set LIFEBOAT_RUN")
+    checkpoint = latest_info(run, config)
+    ok, why = _local_copy_ok(checkpoint)
+    if ok:
+        return Path(checkpoint["location"])
+    root = Path(
+        dest or os.environ.get("LIFEBOAT_RESTORE_DIR") or config.spool_root.parent / "restored"
+    )
+    destination = root / run.replace("/", "_") / f"checkpoint-{checkpoint['id']}"
+    if progress:
+        step = checkpoint.get("step")
+        sys.stderr.write(f"lifeboat: {why}; restoring step {step} from a replica\n")
+    return fetch_replica(checkpoint, destination, show_progress=progress)

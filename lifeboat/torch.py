@@ -1,0 +1,109 @@
+"""`lifeboat.torch.save`: torch.save that cannot leave half a checkpoint behind, timed
+and reported.
+
+torch.save writes in place: a job killed mid-save leaves a truncated file under the
+final name, and the next start loads it (Lightning #688, #19970). Here the bytes go to a
+temporary file in the same directory, are fsynced, and only then renamed over the final
+name, so the final name holds either the old checkpoint or the complete new one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from lifeboat.run import CheckpointReport, Run, current_run
+
+
+def _fsync_dir(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _write_file(obj: Any, path: Path, save_kwargs: dict) -> None:
+    import torch
+
+    with open(path, "wb") as handle:
+        torch.save(obj, handle, **save_kwargs)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def atomic_save(obj: Any, path: str | os.PathLike, **save_kwargs) -> Path:
+    """Save `obj` to the file `path`, or a mapping {file name: object} to the directory
+    `path` (one file per entry), atomically. Returns the final path."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.lifeboat-tmp-{uuid.uuid4().hex[:8]}")
+    directory = str(path).endswith(os.sep) or target.is_dir()
+    try:
+        if directory:
+            if not isinstance(obj, Mapping):
+                raise TypeError("saving to a directory takes a mapping {file name: object}")
+            temporary.mkdir()
+            for name, part in obj.items():
+                if "/" in str(name) or str(name) in ("", ".", ".."):
+                    raise ValueError(f"{name!r} is not a plain file name")
+                _write_file(part, temporary / str(name), save_kwargs)
+            _fsync_dir(temporary)
+            if target.exists():
+                # A directory cannot be renamed over a non-empty one: move the old one
+                # aside first. Between the two renames the final name is briefly absent,
+                # never half-written.
+                old = target.with_name(f".{target.name}.lifeboat-old-{uuid.uuid4().hex[:8]}")
+                os.replace(target, old)
+                os.replace(temporary, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(temporary, target)
+        else:
+            _write_file(obj, temporary, save_kwargs)
+            os.replace(temporary, target)
+        _fsync_dir(target.parent)
+    except BaseException:
+        if temporary.is_dir():
+            shutil.rmtree(temporary, ignore_errors=True)
+        else:
+            temporary.unlink(missing_ok=True)
+        raise
+    return target
+
+
+def save(
+    obj: Any,
+    path: str | os.PathLike,
+    *,
+    step: int | None = None,
+    epoch: int | None = None,
+    metrics: dict | None = None,
+    run: Run | None = None,
+    **save_kwargs,
+) -> CheckpointReport | None:
+    """Save atomically (see atomic_save), time the save, and report it to `run` (the
+    current lifeboat.Run by default) when a step is given. Returns the report, whose
+    `wait()` gives the `checkpoint.saved` event once the files are hashed; None when
+    there is no run to report to."""
+    run = run or current_run()
+    if run is not None and step is not None:
+        run.checkpoint_started(step)
+    started = time.perf_counter()
+    try:
+        final = atomic_save(obj, path, **save_kwargs)
+    except BaseException as exc:
+        if run is not None and step is not None:
+            run.checkpoint_failed(step, f"{type(exc).__name__}: {exc}")
+        raise
+    seconds = time.perf_counter() - started
+    if run is None or step is None:
+        return None
+    return run.checkpoint(
+        final, step=step, epoch=epoch, metrics=metrics, save_seconds=seconds, format="torch"
+    )

@@ -1,0 +1,45 @@
+"""What the client tests share: a Lifeboat web server they can stop and start again at
+the same address, and a way to run a training script in its own process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import ROOT, WebServer, free_port
+
+
+class RestartableServer:
+    def __init__(self, env: dict):
+        self.env = env
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.web: WebServer | None = None
+
+    def start(self) -> None:
+        if self.web is None:
+            self.web = WebServer(self.env, port=self.port)
+
+    def stop(self) -> None:
+        if self.web is not None:
+            self.web.stop()
+            self.web = None
+
+
+def run_script(code: str, env: dict, *, wait: bool = True, timeout: float = 120):
+    """Run `code` in a fresh Python process (a training job of its own)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    if not wait:
+        return process
+    out, err = process.communicate(timeout=timeout)
+    process.stdout_text, process.stderr_text = out, err
+    return process
