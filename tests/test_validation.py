@@ -167,6 +167,25 @@ def test_keys_that_change_between_checkpoints_are_suspicious(api, token, root):
     assert "layer1.bias" in checkpoint.status_message
 
 
+def test_one_file_checkpoints_named_after_their_step_compare_by_tensor_names(api, token, root):
+    def single(step: int, state: dict) -> Checkpoint:
+        path = root / f"epoch-{step:03d}-step-{step}.pt"
+        write_state(path, state)
+        body = saved(step=step, t=step, location=str(path), files=[file_entry(path, path.name)])
+        assert api.post_events(token, body).status_code == 202
+        return check(Checkpoint.objects.get(step=step))
+
+    assert single(1, small_model(seed=1)).status == "verified"
+    assert single(2, small_model(seed=2)).status == "verified"
+    changed = small_model(seed=3)
+    del changed["fc.weight"]
+    checkpoint = single(3, changed)
+    assert checkpoint.status == "suspicious"
+    assert "1 tensor removed since the verified checkpoint at step 2: fc.weight" in (
+        checkpoint.status_message
+    )
+
+
 def test_a_checkpoint_much_smaller_than_usual_is_possibly_truncated(api, token, root):
     for step in (1, 2):
         write_state(root / f"step-{step}" / "model.pt", small_model(seed=step))
