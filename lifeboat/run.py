@@ -15,6 +15,7 @@ files are listed and hashed on another background thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -57,6 +58,14 @@ def _numbers(values: dict | None) -> dict:
             continue
         out[str(name)] = value
     return out
+
+
+def _lower_this_threads_priority() -> None:
+    """Hash at the lowest CPU priority: on a busy machine the training loop comes first.
+    Linux schedules threads on their own, so this touches only the calling thread."""
+    # Not Linux, or not allowed: hash at normal priority.
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 class CheckpointReport:
@@ -362,6 +371,7 @@ class Run:
         return report
 
     def _hash_loop(self) -> None:
+        _lower_this_threads_priority()
         while True:
             item = self._hash_queue.get()
             if item is None:

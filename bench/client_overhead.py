@@ -1,0 +1,270 @@
+"""What the client costs a training loop.
+
+    .venv/bin/python bench/client_overhead.py                  # about 2 minutes
+    .venv/bin/python bench/client_overhead.py --state-mb 100 --steps 120   # quicker
+
+A CPU training loop (an MLP, a few tens of ms a step) checkpoints a state of --state-mb
+MB (its weights plus ballast, 500 MB by default) every --every steps, three ways, in the
+same process, alternating, --rounds times:
+
+  baseline   the loop with plain torch.save, no client at all;
+  client     the same loop inside lifeboat.Run: run.log(step, loss) every step, and
+             run.checkpoint(path, step) after each torch.save (files hashed on a
+             background thread, events spooled and sent to a real Lifeboat server);
+  atomic     as client, but saving with lifeboat.torch.save (temp file, fsync, rename).
+
+Printed per way: the mean time of a training step (saves excluded), the wall time of the
+whole loop, the time of each save, and for the client the time run.checkpoint() blocked
+the loop (max over all reports). The client's overhead is its mean step time against the
+baseline's; the atomic save's extra cost is the fsync that makes the file durable.
+
+Without --url/--token it starts its own Lifeboat (gunicorn on a SQLite file in
+var/bench-client/, Redis db 11 as broker when a Redis answers on 127.0.0.1:6379, no
+worker) and removes it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import lifeboat  # noqa: E402
+import lifeboat.torch  # noqa: E402
+
+WORK = ROOT / "var" / "bench-client"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(checkpoints: Path) -> tuple[subprocess.Popen, str, str]:
+    env = dict(os.environ)
+    env.update(
+        DEBUG="1",
+        DATABASE_URL=f"sqlite:///{WORK / 'db.sqlite3'}",
+        REDIS_URL="redis://127.0.0.1:6379/11",
+        LIFEBOAT_VAR_DIR=str(WORK / "var"),
+        ALLOWED_HOSTS="127.0.0.1",
+    )
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "-v", "0"], env=env, check=True, cwd=ROOT)
+    token = (
+        subprocess.run(
+            [
+                *manage,
+                "create_project",
+                "bench",
+                "--root",
+                str(checkpoints),
+                "--scopes",
+                "ingest,read",
+                "--quiet-token",
+            ],
+            env=env,
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "webapp.wsgi", "-b", f"127.0.0.1:{port}", "-w", "1"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(150):
+        try:
+            urllib.request.urlopen(f"{url}/api/v1/openapi.json", timeout=1)  # noqa: S310
+            break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        raise RuntimeError("the Lifeboat server did not start")
+    return server, url, token
+
+
+class Model(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(width, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, 10),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def loop(way: str, args, directory: Path, url: str, token: str, round_: int) -> dict:
+    torch.manual_seed(0)
+    model = Model(args.width)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    ballast_elems = max(
+        0, args.state_mb * 1024 * 1024 // 4 - sum(p.numel() for p in model.parameters())
+    )
+    ballast = torch.randn(ballast_elems)
+    x = torch.randn(args.batch, args.width)
+    y = torch.randint(0, 10, (args.batch,))
+    step_times, save_times, report_times = [], [], []
+    run = None
+    if way != "baseline":
+        run = lifeboat.Run(
+            f"bench-{way}-{round_}-{time.time_ns()}",
+            url=url,
+            token=token,
+            spool_dir=WORK / "spool",
+            handle_signals=False,
+        ).start()
+    started = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if run is not None:
+            run.log(step, loss=loss.item())
+        else:
+            loss.item()
+        step_times.append(time.perf_counter() - t0)
+        if step % args.every == 0:
+            path = directory / f"{way}-step-{step}.pt"
+            state = {"model": model.state_dict(), "ballast": ballast}
+            t1 = time.perf_counter()
+            if way == "atomic":
+                lifeboat.torch.save(state, path, run=run)  # no step: saved, reported below
+            else:
+                torch.save(state, path)
+            save_times.append(time.perf_counter() - t1)
+            if run is not None:
+                t2 = time.perf_counter()
+                run.checkpoint(path, step=step)
+                report_times.append(time.perf_counter() - t2)
+    wall = time.perf_counter() - started
+    drained = 0.0
+    if run is not None:
+        t3 = time.perf_counter()
+        run.finish()  # waits for the hashing thread and delivers the spool
+        drained = time.perf_counter() - t3
+    for path in directory.glob(f"{way}-step-*.pt"):
+        path.unlink()
+    return {
+        "step_ms": 1000 * statistics.mean(step_times),
+        "step_p50_ms": 1000 * statistics.median(step_times),
+        "wall_s": wall,
+        "save_s": statistics.mean(save_times) if save_times else 0.0,
+        "report_max_ms": 1000 * max(report_times) if report_times else 0.0,
+        "report_mean_ms": 1000 * statistics.mean(report_times) if report_times else 0.0,
+        "finish_s": drained,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--every", type=int, default=100)
+    parser.add_argument("--state-mb", type=int, default=500)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--url", default=os.environ.get("LIFEBOAT_BENCH_URL"))
+    parser.add_argument("--token", default=os.environ.get("LIFEBOAT_BENCH_TOKEN"))
+    args = parser.parse_args(argv)
+
+    shutil.rmtree(WORK, ignore_errors=True)
+    checkpoints = WORK / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    server = None
+    url, token = args.url, args.token
+    if not (url and token):
+        server, url, token = start_server(checkpoints)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; "
+        f"{args.steps} steps, a {args.state_mb} MB checkpoint every {args.every} steps"
+    )
+    try:
+        # Warm up torch's kernels and the page cache, untimed.
+        warm = argparse.Namespace(**{**vars(args), "steps": args.every, "rounds": 1})
+        loop("baseline", warm, checkpoints, url, token, -1)
+        results: dict[str, list[dict]] = {"baseline": [], "client": [], "atomic": []}
+        for round_ in range(args.rounds):
+            for way in results:
+                results[way].append(loop(way, args, checkpoints, url, token, round_))
+                r = results[way][-1]
+                print(
+                    f"  round {round_ + 1} {way:8s} step {r['step_ms']:7.2f} ms  "
+                    f"wall {r['wall_s']:6.2f} s  save {r['save_s']:5.2f} s  "
+                    f"report max {r['report_max_ms']:5.2f} ms  finish {r['finish_s']:5.2f} s"
+                )
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(20)
+        shutil.rmtree(WORK, ignore_errors=True)
+        try:
+            import redis
+
+            redis.Redis.from_url("redis://127.0.0.1:6379/11").flushdb()
+        except Exception:  # noqa: BLE001, S110 (no Redis: nothing to clean)
+            pass
+
+    def mean(way, key):
+        return statistics.mean(r[key] for r in results[way])
+
+    base = mean("baseline", "step_ms")
+    print()
+    print(
+        f"{'way':10s} {'step (ms)':>10s} {'vs baseline':>12s} {'wall (s)':>9s} "
+        f"{'save (s)':>9s} {'report max (ms)':>16s}"
+    )
+    for way in results:
+        step = mean(way, "step_ms")
+        print(
+            f"{way:10s} {step:10.2f} {100 * (step / base - 1):+11.2f}% "
+            f"{mean(way, 'wall_s'):9.2f} {mean(way, 'save_s'):9.2f} "
+            f"{max(r['report_max_ms'] for r in results[way]):16.2f}"
+        )
+    overhead = 100 * (mean("client", "step_ms") / base - 1)
+    blocked = max(r["report_max_ms"] for r in results["client"] + results["atomic"])
+    print()
+    print(
+        f"client overhead on the step time: {overhead:+.2f}% (target < 1%): "
+        f"{'met' if overhead < 1 else 'NOT met'}"
+    )
+    print(
+        f"longest time run.checkpoint() blocked the loop: {blocked:.2f} ms (target < 5 ms): "
+        f"{'met' if blocked < 5 else 'NOT met'}"
+    )
+    extra = mean("atomic", "save_s") - mean("client", "save_s")
+    print(f"the atomic save (fsync + rename) costs {extra:+.2f} s a checkpoint over torch.save")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
