@@ -82,7 +82,10 @@ def latest_info(run: str, config: Config) -> dict:
             timeout=config.timeout_s,
         )
     except ServerError as exc:
-        raise LatestError(f"the server has no checkpoint to give: {exc}") from None
+        said = exc.answer.get("error", exc.answer)
+        raise LatestError(
+            f"nothing to resume run {run!r} from: {said} (HTTP {exc.status})"
+        ) from None
     except Unreachable as exc:
         raise LatestError(f"the server at {config.url} is unreachable: {exc}") from None
 
@@ -132,6 +135,13 @@ def _download(url: str, destination: Path, spec: dict, progress: Progress) -> No
         temporary.unlink(missing_ok=True)
 
 
+def _restored_path(checkpoint: dict, destination: Path) -> Path:
+    files = checkpoint["files"]
+    location = checkpoint.get("location", "").rstrip("/")
+    single = len(files) == 1 and files[0]["path"] == location.rsplit("/", 1)[-1]
+    return destination / files[0]["path"] if single else destination
+
+
 def fetch_replica(checkpoint: dict, destination: Path, show_progress: bool = True) -> Path:
     """Download the checkpoint from its first verified replica that works into
     `destination` (a directory), verifying every file; the path to hand to the loader."""
@@ -143,8 +153,6 @@ def fetch_replica(checkpoint: dict, destination: Path, show_progress: bool = Tru
         )
     files = checkpoint["files"]
     total = sum(spec["size"] for spec in files)
-    location = checkpoint.get("location", "")
-    single = len(files) == 1 and files[0]["path"] == os.path.basename(location.rstrip("/"))
     errors = []
     for replica in replicas:
         urls = {item["path"]: item["url"] for item in replica["files"]}
@@ -162,7 +170,7 @@ def fetch_replica(checkpoint: dict, destination: Path, show_progress: bool = Tru
             if destination.exists():
                 shutil.rmtree(destination)
             os.replace(staging, destination)
-            return destination / files[0]["path"] if single else destination
+            return _restored_path(checkpoint, destination)
         except (LatestError, OSError) as exc:
             progress.close()
             errors.append(f"{replica.get('target')}: {exc}")
@@ -193,6 +201,9 @@ def latest(
         dest or os.environ.get("LIFEBOAT_RESTORE_DIR") or config.spool_root.parent / "restored"
     )
     destination = root / run.replace("/", "_") / f"checkpoint-{checkpoint['id']}"
+    restored = _restored_path(checkpoint, destination)
+    if _local_copy_ok({**checkpoint, "location": str(restored)})[0]:
+        return restored  # restored before, and still whole
     if progress:
         step = checkpoint.get("step")
         sys.stderr.write(f"lifeboat: {why}; restoring step {step} from a replica\n")
