@@ -1,6 +1,6 @@
 from django.urls import path
 
-from webapp.dashboard import views
+from webapp.dashboard import settings_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -9,5 +9,36 @@ urlpatterns = [
     path(
         "p/<slug:slug>/checkpoints/<int:checkpoint_id>/", views.checkpoint_detail, name="checkpoint"
     ),
+    path(
+        "p/<slug:slug>/checkpoints/<int:checkpoint_id>/validate/",
+        views.checkpoint_validate,
+        name="checkpoint-validate",
+    ),
+    path(
+        "p/<slug:slug>/checkpoints/<int:checkpoint_id>/pin/",
+        views.checkpoint_pin,
+        name="checkpoint-pin",
+    ),
+    path(
+        "p/<slug:slug>/checkpoints/<int:checkpoint_id>/replicate/",
+        views.checkpoint_replicate,
+        name="checkpoint-replicate",
+    ),
+    path("p/<slug:slug>/settings/tokens/", settings_views.tokens, name="settings-tokens"),
+    path(
+        "p/<slug:slug>/settings/tokens/<int:token_id>/revoke/",
+        settings_views.token_revoke,
+        name="settings-token-revoke",
+    ),
+    path(
+        "p/<slug:slug>/settings/storage/", settings_views.storage_targets, name="settings-storage"
+    ),
+    path(
+        "p/<slug:slug>/settings/launch-profiles/",
+        settings_views.launch_profiles,
+        name="settings-profiles",
+    ),
+    path("p/<slug:slug>/settings/audit/", settings_views.audit_log, name="settings-audit"),
+    # Last: run keys may contain "/".
     path("p/<slug:slug>/runs/<path:key>/", views.run_detail, name="run"),
 ]

@@ -1,14 +1,70 @@
-"""The human pages. Minimal for now: a project's runs and a run's checkpoints; the full
-dashboard is issue #7."""
+"""The human pages: projects, a project's runs, a run, a checkpoint, and the actions on
+it. Function-based views; `project_view` resolves the project and the person's role
+(viewers see, operators act, admins configure) and every action is a POST with a CSRF
+token and an audit Event."""
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import get_object_or_404, render
-from django.views.decorators.http import require_GET
+from django.core.paginator import Paginator
+from django.db import connection
+from django.db.models import F, Q
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.vary import vary_on_headers
+from django_htmx.http import HttpResponseStopPolling
 
-from webapp.dashboard.access import project_for, visible_projects
-from webapp.domain.models import Checkpoint, Run
+from webapp.dashboard import charts
+from webapp.dashboard.access import actor_of, project_view, visible_projects
+from webapp.domain.models import Checkpoint, Event, Run
+from webapp.domain.models.checkpoints import CheckpointActionRefused, CheckpointStatus
+from webapp.domain.models.projects import Role
+from webapp.domain.models.recovery import ReplicaStatus
+from webapp.domain.models.runs import Health, RunStatus
+
+RUNS_PER_PAGE = 50
+CHECKPOINTS_PER_PAGE = 50
+TIMELINE_LENGTH = 100
+METRIC_CHARTS = 4
+
+# Polling backoff: the n-th poll of a fragment waits 1 s * 1.5**n, at most 10 s; the
+# fragment carries n+1 in its next URL, and the last answer is 286 (htmx stops).
+POLL_FIRST_MS, POLL_FACTOR, POLL_MAX_MS = 1000, 1.5, 10_000
+
+RUN_SORTS = {
+    "activity": ("-last_seen_at", "-id"),
+    "name": ("name", "key"),
+    "status": ("status", "-last_seen_at"),
+    "step": (F("last_step").desc(nulls_last=True), "-id"),
+    "age": (F("last_checkpoint_at").asc(nulls_last=True), "-id"),
+    "storage": ("-storage_bytes", "-id"),
+}
+STATUS_FILTERS = [(s.value, s.label) for s in RunStatus] + [
+    (Health.UP.value, "Up"),
+    (Health.LATE.value, "Late"),
+    (Health.OVERDUE.value, "Overdue"),
+]
+
+
+def poll_delay_ms(request) -> tuple[int, int]:
+    """(delay before the next poll, the next poll's number) from ?poll=n."""
+    try:
+        n = max(0, min(int(request.GET.get("poll", 0)), 50))
+    except ValueError:
+        n = 0
+    return int(min(POLL_FIRST_MS * POLL_FACTOR**n, POLL_MAX_MS)), n + 1
+
+
+def page_number(request, name: str = "page") -> int:
+    try:
+        return max(1, int(request.GET.get(name, 1)))
+    except ValueError:
+        return 1
 
 
 @require_GET
@@ -17,45 +73,313 @@ def projects(request):
     return render(request, "dashboard/projects.html", {"projects": visible_projects(request.user)})
 
 
-@require_GET
-@login_required
-def runs(request, slug: str):
-    project = project_for(request.user, slug)
-    run_list = project.runs.order_by("-last_seen_at", "-id")[:200]
-    return render(request, "dashboard/runs.html", {"project": project, "runs": run_list})
+# --- The project page -----------------------------------------------------------------
+
+
+def _tag_filter(tag: str) -> Q:
+    if connection.vendor == "postgresql":
+        return Q(tags__contains=[tag])
+    # SQLite has no JSON containment: match the quoted element in the JSON text.
+    return Q(tags__icontains=f'"{tag}"')
 
 
 @require_GET
-@login_required
-def run_detail(request, slug: str, key: str):
-    project = project_for(request.user, slug)
-    run = get_object_or_404(Run, project=project, key=key)
-    checkpoints = run.checkpoints.order_by("-step")[:500]
-    context = {"project": project, "run": run, "checkpoints": checkpoints}
+@vary_on_headers("HX-Request")
+@project_view()
+def runs(request):
+    project = request.project
+    q = request.GET.get("q", "").strip()
+    tag = request.GET.get("tag", "").strip()
+    status = request.GET.get("status", "")
+    sort = request.GET.get("sort", "activity")
+    if sort not in RUN_SORTS:
+        sort = "activity"
+    run_list = Run.objects.filter(project=project).with_dashboard_stats().with_health()
+    if q:
+        run_list = run_list.filter(Q(name__icontains=q) | Q(key__icontains=q))
+    if tag:
+        run_list = run_list.filter(_tag_filter(tag))
+    if status in RunStatus.values:
+        run_list = run_list.filter(status=status)
+    elif status in (Health.UP, Health.LATE, Health.OVERDUE):
+        run_list = run_list.filter(health=status)
+    else:
+        status = ""
+    page = Paginator(run_list.order_by(*RUN_SORTS[sort]), RUNS_PER_PAGE).get_page(
+        page_number(request)
+    )
+    filtered = bool(q or tag or status)
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {
+        "project": project,
+        "access": request.access,
+        "page": page,
+        "runs": page.object_list,
+        "q": q,
+        "tag": tag,
+        "status": status,
+        "sort": sort,
+        "sorts": list(RUN_SORTS),
+        "status_filters": STATUS_FILTERS,
+        "filtered": filtered,
+        "query": query.urlencode(),
+    }
+    if request.htmx and request.htmx.target == "run-list":
+        return render(request, "dashboard/runs.html#run-list", context)
+    return render(request, "dashboard/runs.html", context)
+
+
+# --- The run page ---------------------------------------------------------------------
+
+
+def _checkpoint_table(request, run) -> dict:
+    page = Paginator(
+        run.checkpoints.order_by("-step").only(
+            "id", "step", "epoch", "status", "status_message", "pinned", "total_size",
+            "file_count", "saved_at", "save_seconds", "location", "run_id",
+        ),
+        CHECKPOINTS_PER_PAGE,
+    ).get_page(page_number(request))  # fmt: skip
+    unsettled = any(not c.is_settled for c in page.object_list)
+    delay, next_poll = poll_delay_ms(request)
+    return {
+        "page": page,
+        "checkpoints": page.object_list,
+        "polling": unsettled,
+        "poll_ms": delay,
+        "poll_url": f"{request.path}?page={page.number}&poll={next_poll}",
+    }
+
+
+def _metric_keys(run) -> list[str]:
+    values = run.last_metrics or (
+        run.metric_points.order_by("-step").values_list("values", flat=True).first() or {}
+    )
+    numeric = [k for k, v in values.items() if isinstance(v, int | float)]
+    return sorted(numeric)[:METRIC_CHARTS]
+
+
+@require_GET
+@vary_on_headers("HX-Request")
+@project_view()
+def run_detail(request, key: str):
+    project = request.project
+    if "charts" in request.GET and request.htmx:
+        # The charts come in their own request once the page is up: they aggregate every
+        # checkpoint and metric point of the run, which costs more than the rest of the
+        # page at 100,000 rows (docs/benchmarks.md).
+        run = get_object_or_404(Run, project=project, key=key)
+        context = {"run": run, "charts": charts.run_charts(run, _metric_keys(run))}
+        return render(request, "dashboard/run_detail.html#charts", context)
+    run = get_object_or_404(
+        Run.objects.filter(project=project)
+        .with_dashboard_stats()
+        .with_health()
+        .select_related("resumed_from__run"),
+        key=key,
+    )
+    table = _checkpoint_table(request, run)
+    context = {"project": project, "run": run, "access": request.access, **table}
     if request.htmx:
-        return render(request, "dashboard/run_detail.html#checkpoint-table", context)
+        response = render(request, "dashboard/run_detail.html#checkpoint-table", context)
+        if not table["polling"]:
+            response.status_code = HttpResponseStopPolling.status_code
+        return response
+    context.update(
+        timeline=list(run.events.order_by("-time", "-id")[:TIMELINE_LENGTH]),
+        # "resumed_from IS NOT NULL" first: few runs are resumes, and its index finds
+        # them without joining every checkpoint of this run.
+        resumed_as=list(
+            Run.objects.filter(project=project, resumed_from__isnull=False)
+            .filter(resumed_from__run=run)
+            .select_related("resumed_from")[:20]
+        ),
+        resumes=list(run.resumes.select_related("checkpoint", "profile", "requested_by")[:20]),
+        # Without JavaScript, ?charts=1 draws them in the page itself.
+        charts=charts.run_charts(run, _metric_keys(run)) if "charts" in request.GET else None,
+        charts_url=f"{request.path}?charts=1",
+    )
     return render(request, "dashboard/run_detail.html", context)
 
 
-@require_GET
-@login_required
-def checkpoint_detail(request, slug: str, checkpoint_id: int):
-    project = project_for(request.user, slug)
-    checkpoint = get_object_or_404(
-        Checkpoint.objects.select_related("run"), project=project, pk=checkpoint_id
-    )
-    validations = list(checkpoint.validations.order_by("-created_at")[:20])
-    running = any(not v.is_final for v in validations) or not checkpoint.is_settled
-    context = {
-        "project": project,
-        "checkpoint": checkpoint,
-        "files": checkpoint.files.order_by("path"),
-        "validations": validations,
-        "running": running,
+# --- The checkpoint page and its actions ------------------------------------------------
+
+
+def _replica_progress(replica, now) -> dict:
+    end = replica.verified_at or now
+    elapsed = (end - replica.started_at).total_seconds() if replica.started_at else 0.0
+    rate = replica.bytes_done / elapsed if elapsed > 0 else 0.0
+    remaining = max(replica.bytes_total - replica.bytes_done, 0)
+    active = replica.status in (ReplicaStatus.PENDING, ReplicaStatus.UPLOADING)
+    return {
+        "bytes_done": replica.bytes_done,
+        "bytes_total": replica.bytes_total,
+        "rate": rate,
+        "eta_s": remaining / rate if rate > 0 and active else None,
+        "percent": int(100 * replica.bytes_done / replica.bytes_total)
+        if replica.bytes_total
+        else 0,
     }
+
+
+def _checkpoint_context(request, checkpoint) -> dict:
+    now = timezone.now()
+    validations = list(checkpoint.validations.order_by("-created_at")[:20])
+    for validation in validations:
+        validation.p = validation.progress(now)
+        validation.p["percent"] = (
+            int(100 * validation.bytes_done / validation.bytes_total)
+            if validation.bytes_total
+            else 0
+        )
+    # Only the columns shown: the page keeps working while the replica table grows.
+    replicas = list(
+        checkpoint.replicas.select_related("target")
+        .only(
+            "id", "checkpoint_id", "status", "bytes_total", "bytes_done", "attempts",
+            "last_error", "manifest_key", "started_at", "verified_at",
+            "target__name", "target__bucket", "target__prefix",
+        )
+        .order_by("target__name")
+    )  # fmt: skip
+    for replica in replicas:
+        replica.p = _replica_progress(replica, now)
+    running = (
+        not checkpoint.is_settled
+        or any(not v.is_final for v in validations)
+        or any(r.status in (ReplicaStatus.PENDING, ReplicaStatus.UPLOADING) for r in replicas)
+    )
+    delay, next_poll = poll_delay_ms(request)
+    path = reverse("dashboard:checkpoint", args=[request.project.slug, checkpoint.pk])
+    return {
+        "project": request.project,
+        "access": request.access,
+        "checkpoint": checkpoint,
+        "validations": validations,
+        "replicas": replicas,
+        "running": running,
+        "poll_ms": delay,
+        "poll_url": f"{path}?poll={next_poll}",
+    }
+
+
+def _live_fragment(request, checkpoint, notice: tuple[str, str] | None = None):
+    """The part of the checkpoint page that changes. A poll gets 286 once nothing runs
+    (htmx stops polling); an action's answer is a plain 200 with its notice inside."""
+    context = _checkpoint_context(request, checkpoint)
+    context["notice"] = notice
+    response = render(request, "dashboard/checkpoint_detail.html#live", context)
+    if not context["running"] and notice is None:
+        response.status_code = HttpResponseStopPolling.status_code
+    return response
+
+
+def _get_checkpoint(request, checkpoint_id: int) -> Checkpoint:
+    return get_object_or_404(
+        Checkpoint.objects.select_related("run"), project=request.project, pk=checkpoint_id
+    )
+
+
+@require_GET
+@vary_on_headers("HX-Request")
+@project_view()
+def checkpoint_detail(request, checkpoint_id: int):
+    checkpoint = _get_checkpoint(request, checkpoint_id)
     if request.htmx:
-        response = render(request, "dashboard/checkpoint_detail.html#checks", context)
-        if not running:
-            response.status_code = 286  # htmx: stop polling, the check is done
-        return response
+        return _live_fragment(request, checkpoint)
+    context = _checkpoint_context(request, checkpoint)
+    context["files"] = checkpoint.files.order_by("path")
+    tensors = (checkpoint.content or {}).get("keys") or {}
+    context["tensors"] = sorted(tensors.items())[:200]
+    context["tensor_count"] = len(tensors)
     return render(request, "dashboard/checkpoint_detail.html", context)
+
+
+def _after_action(request, checkpoint, text: str, level=messages.SUCCESS):
+    """htmx: the live fragment again (with the polling it needs); plain form: back to the
+    page with a message."""
+    if request.htmx:
+        # 200 even when refused: htmx swaps only 2xx answers, and the notice must show.
+        return _live_fragment(request, checkpoint, notice=(messages.DEFAULT_TAGS[level], text))
+    messages.add_message(request, level, text)
+    return redirect("dashboard:checkpoint", request.project.slug, checkpoint.pk)
+
+
+@require_POST
+@project_view(Role.OPERATOR)
+def checkpoint_validate(request, checkpoint_id: int):
+    checkpoint = _get_checkpoint(request, checkpoint_id)
+    try:
+        checkpoint.request_validation(actor_of(request))
+    except CheckpointActionRefused as exc:
+        return _after_action(request, checkpoint, f"Not checked: {exc}.", messages.ERROR)
+    checkpoint.refresh_from_db()
+    return _after_action(request, checkpoint, f"Step {checkpoint.step} is queued for a check.")
+
+
+@require_POST
+@project_view(Role.OPERATOR)
+def checkpoint_pin(request, checkpoint_id: int):
+    checkpoint = _get_checkpoint(request, checkpoint_id)
+    pinned = request.POST.get("pinned", "1") not in ("0", "false", "")
+    checkpoint.set_pinned(pinned, actor_of(request))
+    verb = "pinned: no retention policy will delete it" if pinned else "unpinned"
+    return _after_action(request, checkpoint, f"Step {checkpoint.step} is {verb}.")
+
+
+@require_POST
+@project_view(Role.OPERATOR)
+def checkpoint_replicate(request, checkpoint_id: int):
+    """Copy a verified checkpoint to every enabled storage target, whatever their
+    policies say (as POST /api/v1/checkpoints/<id>/replicate); the replicate workers do
+    the copying and the page shows their progress."""
+    from django.db import transaction
+
+    from webapp.domain.replication.policy import request as request_replicas
+
+    refusal, queued = "", []
+    with transaction.atomic():
+        checkpoint = get_object_or_404(
+            Checkpoint.objects.select_for_update().select_related("project", "run"),
+            project=request.project,
+            pk=checkpoint_id,
+        )
+        targets = list(request.project.storage_targets.filter(enabled=True).order_by("pk"))
+        if checkpoint.status != CheckpointStatus.VERIFIED:
+            refusal = f"step {checkpoint.step} is {checkpoint.status}; only verified ones are"
+        elif not targets:
+            refusal = "this project has no enabled storage target"
+        else:
+            queued = request_replicas(checkpoint, targets, by_policy=False)
+        if queued:
+            copies = f"{len(queued)} cop{'y' if len(queued) == 1 else 'ies'}"
+            Event.objects.create(
+                project=request.project,
+                run=checkpoint.run,
+                type="checkpoint.replication_requested",
+                step=checkpoint.step,
+                time=timezone.now(),
+                actor=actor_of(request),
+                message=f"{actor_of(request)} asked for {copies} of step {checkpoint.step}",
+                data={"replicas": queued},
+            )
+    if refusal:
+        return _after_action(request, checkpoint, f"Not copied: {refusal}.", messages.ERROR)
+    if queued:
+        return _after_action(request, checkpoint, f"Step {checkpoint.step}: {copies} queued.")
+    return _after_action(
+        request,
+        checkpoint,
+        f"Nothing to queue: every target has a copy of step {checkpoint.step}, "
+        "verified or on its way.",
+    )
+
+
+def forbidden(request, exception=None):
+    """403 with the reason (which role is needed), as a page or an htmx fragment."""
+    reason = str(exception) if exception and str(exception) else "You may not do this."
+    if getattr(request, "htmx", False):
+        fragment = format_html('<p class="notice notice-error">{}</p>', reason)
+        return HttpResponse(fragment, status=403)
+    return render(request, "403.html", {"reason": reason}, status=403)

@@ -78,6 +78,91 @@ class Checkpoint(models.Model):
     def is_settled(self) -> bool:
         return self.status not in UNSETTLED
 
+    @property
+    def can_be_validated(self) -> bool:
+        return self.status not in (
+            CheckpointStatus.SAVING,
+            CheckpointStatus.FAILED,
+            CheckpointStatus.DELETED,
+        )
+
+    def request_validation(self, actor: str):
+        """Queue a fresh check of this checkpoint (bits rot) for `actor`, with an audit
+        event; the task is published after the commit. A queued Validation row is made
+        at once so the page shows "queued" until a worker takes it (the worker's claim
+        takes up that very row). Raises CheckpointActionRefused if there is nothing to
+        check. Returns the Validation."""
+        from django.db import transaction
+
+        from webapp.domain.models.events import Event
+        from webapp.domain.models.recovery import Validation, ValidationKind, ValidationStatus
+        from workers.validate import validate_checkpoint
+
+        with transaction.atomic():
+            locked = Checkpoint.objects.select_for_update().get(pk=self.pk)
+            if locked.status in (CheckpointStatus.SAVING, CheckpointStatus.FAILED):
+                raise CheckpointActionRefused(f"step {locked.step} was never saved")
+            if locked.status == CheckpointStatus.DELETED:
+                raise CheckpointActionRefused(f"step {locked.step} is deleted")
+            validation = (
+                locked.validations.filter(
+                    kind=ValidationKind.INTEGRITY,
+                    status__in=(ValidationStatus.QUEUED, ValidationStatus.RUNNING),
+                )
+                .order_by("-created_at")
+                .first()
+            )
+            if validation is None:
+                validation = Validation.objects.create(
+                    checkpoint=locked, kind=ValidationKind.INTEGRITY, requested_by=actor
+                )
+            Event.objects.create(
+                project_id=locked.project_id,
+                run_id=locked.run_id,
+                type="checkpoint.validation_requested",
+                step=locked.step,
+                time=timezone.now(),
+                actor=actor,
+                message=f"{actor} asked for a new check of step {locked.step}",
+            )
+            pk = locked.pk
+            transaction.on_commit(
+                lambda: validate_checkpoint.apply_async(
+                    (pk,), {"requested_by": actor, "revalidate": True}
+                )
+            )
+        return validation
+
+    def set_pinned(self, pinned: bool, actor: str) -> bool:
+        """Pin (never deleted by a retention policy) or unpin, with an audit event.
+        Returns whether anything changed."""
+        from django.db import transaction
+
+        from webapp.domain.models.events import Event
+
+        with transaction.atomic():
+            locked = Checkpoint.objects.select_for_update().get(pk=self.pk)
+            self.pinned = pinned
+            if locked.pinned == pinned:
+                return False
+            locked.pinned = pinned
+            locked.save(update_fields=["pinned"])
+            verb = "pinned" if pinned else "unpinned"
+            Event.objects.create(
+                project_id=locked.project_id,
+                run_id=locked.run_id,
+                type=f"checkpoint.{verb}",
+                step=locked.step,
+                time=timezone.now(),
+                actor=actor,
+                message=f"{actor} {verb} step {locked.step}",
+            )
+        return True
+
+
+class CheckpointActionRefused(Exception):
+    """An action that cannot apply to a checkpoint in its present state."""
+
 
 class CheckpointFile(models.Model):
     """One file of a checkpoint, as the client reported it (size and sha256)."""

@@ -1,0 +1,314 @@
+"""Server time of the dashboard's pages at large history.
+
+Fills a PostgreSQL database of its own (lifeboat_bench_pages, dropped and created again
+unless --reuse) with 10,000 runs and 1,000,000 checkpoints -- one run holds 100,000 of
+them, with 100,000 metric points and 100,000 timeline events; the others about 90 each
+-- then measures, with Django's test Client in this process (no network, no gunicorn),
+repeated GETs of:
+
+* the project page (10,000 runs, default sort, first page of 50),
+* the project page sorted by storage used (every run's sum, the worst sort),
+* the run page of the run with 100,000 checkpoints (charts, table, timeline),
+* that run's checkpoint table as htmx polls it,
+* a checkpoint page (16 files, 5 checks),
+
+and, as baselines in the same run: a signed-in page that runs `SELECT 1` and renders the
+base template (the fixed cost of a request), and Django admin's changelist of the same
+runs (what Django offers out of the box).
+
+    .venv/bin/python bench/pages.py                 # fill (about 25 s) and measure
+    .venv/bin/python bench/pages.py --reuse         # measure again on the filled database
+    .venv/bin/python bench/pages.py --requests 100  # more samples per page
+
+Target: p95 < 150 ms for each dashboard page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DB_NAME = "lifeboat_bench_pages"
+RUNS = 10_000
+CHECKPOINTS = 1_000_000
+BIG_RUN_CHECKPOINTS = 100_000
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def configure(server: str) -> None:
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="webapp.settings",
+        DATABASE_URL=f"{server}/{DB_NAME}",
+        DEBUG="0",  # DEBUG would record every query and slow every request
+        SECRET_KEY="bench-pages-not-a-secret",  # noqa: S105
+        ALLOWED_HOSTS="testserver",
+        SECURE_COOKIES="0",
+        LOG_LEVEL="WARNING",
+    )
+
+
+def create_database(server: str, reuse: bool) -> bool:
+    """Returns whether the database must be filled."""
+    import psycopg
+
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB_NAME]).fetchone()
+        if exists and reuse:
+            return False
+        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME}")
+        conn.execute(f"CREATE DATABASE {DB_NAME}")
+    return True
+
+
+def copy_rows(model, columns: list[str], rows) -> int:
+    """COPY rows into the model's table; columns not named get the field's default."""
+    from django.db import connection
+
+    fields = {f.attname: f for f in model._meta.concrete_fields if not f.primary_key}
+    rest = [name for name in fields if name not in columns]
+    defaults = [
+        fields[name].get_db_prep_save(fields[name].get_default(), connection) for name in rest
+    ]
+    all_columns = ", ".join(connection.ops.quote_name(fields[c].column) for c in columns + rest)
+    n = 0
+    with connection.cursor() as cursor:
+        raw = cursor.cursor
+        with raw.copy(f"COPY {model._meta.db_table} ({all_columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row((*row, *defaults))
+                n += 1
+    return n
+
+
+def fill() -> dict:
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection
+    from psycopg.types.json import Jsonb
+
+    from webapp.domain.models import (
+        Checkpoint,
+        CheckpointFile,
+        Event,
+        MetricPoint,
+        Project,
+        Run,
+        Validation,
+    )
+
+    started = time.perf_counter()
+    call_command("migrate", verbosity=0)
+    project = Project.objects.create(name="Bench", slug="bench", allowed_roots=["/data"])
+    get_user_model().objects.create_superuser("bench", password="bench")
+
+    statuses = ["running", "finished", "failed"]
+    copy_rows(
+        Run,
+        ["project_id", "key", "name", "status", "tags", "expected_interval_s", "started_at",
+         "last_seen_at", "last_step", "created_at", "config", "last_metrics"],
+        (
+            (project.pk, f"run-{i:05d}", f"Run {i:05d}", statuses[i % 3] if i else "running",
+             Jsonb(["bench", f"group-{i % 10}"]), 1800.0, T0 + timedelta(minutes=i),
+             T0 + timedelta(minutes=i, hours=1), 100_000 if i == 0 else 90 * 100,
+             T0, Jsonb({}), Jsonb({"loss": 1.0} if i == 0 else {}))
+            for i in range(RUNS)
+        ),
+    )  # fmt: skip
+    run_ids = list(Run.objects.order_by("key").values_list("pk", flat=True))
+    big_run = run_ids[0]
+    per_run = (CHECKPOINTS - BIG_RUN_CHECKPOINTS) // (RUNS - 1)
+    spare = (CHECKPOINTS - BIG_RUN_CHECKPOINTS) - per_run * (RUNS - 1)
+
+    def checkpoint_rows():
+        kinds = ["verified"] * 18 + ["reported", "corrupt"]
+        for index, run_id in enumerate(run_ids):
+            count = (
+                BIG_RUN_CHECKPOINTS if run_id == big_run else per_run + (1 if index <= spare else 0)
+            )
+            for s in range(count):
+                step = (s + 1) * 100
+                saved = T0 + timedelta(seconds=step)
+                status = "verified" if run_id == big_run else kinds[s % 20]
+                yield (
+                    project.pk,
+                    run_id,
+                    step,
+                    step // 5000,
+                    saved,
+                    f"/data/run/{run_id}/step-{step}",
+                    "torch",
+                    2_000_000_000 + (s * 7919) % 50_000_000,
+                    16,
+                    10.0 + (s % 13) / 3,
+                    Jsonb({"loss": 1 / (1 + s)}),
+                    Jsonb({}),
+                    status,
+                    "",
+                    "",
+                    False,
+                    saved if status == "verified" else None,
+                    saved,
+                    saved,
+                )
+
+    n = copy_rows(
+        Checkpoint,
+        ["project_id", "run_id", "step", "epoch", "saved_at", "location", "format",
+         "total_size", "file_count", "save_seconds", "metrics", "content", "status",
+         "status_message", "error", "pinned", "verified_at", "created_at", "updated_at"],
+        checkpoint_rows(),
+    )  # fmt: skip
+    copy_rows(
+        MetricPoint,
+        ["run_id", "step", "values", "time"],
+        (
+            (big_run, s * 100, Jsonb({"loss": 2.0 / (1 + s / 1000) + (s % 97) / 1000}),
+             T0 + timedelta(seconds=s * 100))
+            for s in range(1, BIG_RUN_CHECKPOINTS + 1)
+        ),
+    )  # fmt: skip
+    copy_rows(
+        Event,
+        ["project_id", "run_id", "type", "step", "time", "received_at", "actor", "data", "message"],
+        (
+            (project.pk, big_run, "checkpoint.saved", s * 100, T0 + timedelta(seconds=s * 100),
+             T0 + timedelta(seconds=s * 100), "token:bench",
+             Jsonb({"location": f"/data/run/{big_run}/step-{s * 100}"}), "")
+            for s in range(1, BIG_RUN_CHECKPOINTS + 1)
+        ),
+    )  # fmt: skip
+    target = Checkpoint.objects.get(run_id=big_run, step=BIG_RUN_CHECKPOINTS * 50)
+    CheckpointFile.objects.bulk_create(
+        [
+            CheckpointFile(checkpoint=target, path=f"model-{i:05d}-of-00016.safetensors",
+                           size=125_000_000, sha256=f"{i:064x}")
+            for i in range(16)
+        ]
+    )  # fmt: skip
+    Validation.objects.bulk_create(
+        [
+            Validation(checkpoint=target, kind="integrity", status="passed", bytes_total=2 * 10**9,
+                       bytes_done=2 * 10**9, started_at=T0, finished_at=T0 + timedelta(seconds=2),
+                       message="every file matches its sha256", timings={"hash_s": 1.9})
+            for _ in range(5)
+        ]
+    )  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE")
+    return {"checkpoints": n, "seconds": time.perf_counter() - started}
+
+
+def measure(client, url: str, requests: int, **headers) -> dict:
+    from django.db import connection
+
+    for _ in range(3):  # warm caches, connections, templates
+        response = client.get(url, **headers)
+        assert response.status_code in (200, 286), (url, response.status_code)
+    queries = []
+
+    def count(execute, sql, params, many, context):
+        queries.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        client.get(url, **headers)
+    times = []
+    for _ in range(requests):
+        start = time.perf_counter()
+        client.get(url, **headers)
+        times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return {
+        "p50": statistics.median(times),
+        "p95": times[max(0, int(len(times) * 0.95) - 1)],
+        "max": times[-1],
+        "queries": len(queries),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server", default="postgres://postgres@127.0.0.1:5432")
+    parser.add_argument("--reuse", action="store_true", help="keep a filled database")
+    parser.add_argument("--requests", type=int, default=40)
+    args = parser.parse_args()
+
+    configure(args.server)
+    must_fill = create_database(args.server, args.reuse)
+    import django
+
+    django.setup()
+    if must_fill:
+        figures = fill()
+        print(f"filled {figures['checkpoints']:,} checkpoints in {figures['seconds']:.0f} s")
+
+    import types
+
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.decorators import login_required
+    from django.db import connection
+    from django.shortcuts import render
+    from django.test import Client, override_settings
+    from django.urls import include, path
+
+    from webapp.domain.models import Checkpoint, Run
+
+    @login_required
+    def select_one(request):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return render(request, "403.html", {"reason": "baseline"})
+
+    urls = types.ModuleType("bench_pages_urls")
+    urls.urlpatterns = [path("bench/select-1/", select_one), path("", include("webapp.urls"))]
+    sys.modules["bench_pages_urls"] = urls
+
+    big = Run.objects.get(key="run-00000")
+    checkpoint = Checkpoint.objects.filter(run=big, files__isnull=False).first()
+    counts = {
+        "runs": Run.objects.count(),
+        "checkpoints": Checkpoint.objects.count(),
+        "big run": big.checkpoints.count(),
+    }
+    print("database:", ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+    pages = [
+        ("baseline: signed-in page, SELECT 1", "/bench/select-1/", {}),
+        ("baseline: Django admin changelist of runs", "/admin/domain/run/", {}),
+        ("project page (10,000 runs)", "/p/bench/", {}),
+        ("project page, sorted by storage", "/p/bench/?sort=storage", {}),
+        ("project page, filter overdue", "/p/bench/?status=overdue", {}),
+        ("run page (100,000 checkpoints)", f"/p/bench/runs/{big.key}/", {}),
+        ("run page, its charts (htmx, after load)", f"/p/bench/runs/{big.key}/?charts=1",
+         {"HTTP_HX_REQUEST": "true"}),
+        ("run page, charts drawn inline (no JS)", f"/p/bench/runs/{big.key}/?charts=1", {}),
+        ("run page, checkpoint table (htmx)", f"/p/bench/runs/{big.key}/",
+         {"HTTP_HX_REQUEST": "true"}),
+        ("run page, table page 1000", f"/p/bench/runs/{big.key}/?page=1000",
+         {"HTTP_HX_REQUEST": "true"}),
+        ("checkpoint page", f"/p/bench/checkpoints/{checkpoint.pk}/", {}),
+    ]  # fmt: skip
+    with override_settings(ROOT_URLCONF="bench_pages_urls"):
+        client = Client()
+        client.force_login(get_user_model().objects.get(username="bench"))
+        print(f"\n{args.requests} requests each, server time in ms (Django test Client)\n")
+        print("| page | p50 ms | p95 ms | max ms | queries | target p95 < 150 ms |")
+        print("| --- | ---: | ---: | ---: | ---: | --- |")
+        for name, url, headers in pages:
+            r = measure(client, url, args.requests, **headers)
+            verdict = (
+                "" if name.startswith("baseline") else ("met" if r["p95"] < 150 else "**missed**")
+            )
+            print(f"| {name} | {r['p50']:.1f} | {r['p95']:.1f} | {r['max']:.1f} | "
+                  f"{r['queries']} | {verdict} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""The dashboard in a real browser (Playwright driving Debian's Chromium) against gunicorn
+and a real Celery worker: sign in, open a run, validate a checkpoint and watch its badge
+change without a reload, pin it; a viewer finds no buttons and is refused with 403.
+
+Each test writes screenshots of the pages it saw to var/screenshots/<test name>/ and
+prints that path. Without /usr/bin/chromium these tests skip, except under CI=true,
+where they fail: CI must not pass without having looked."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from django.utils import timezone
+
+from tests.conftest import ROOT, WebServer
+from webapp.domain.models import Checkpoint, CheckpointFile, Membership, Run
+
+CHROMIUM = os.environ.get("LIFEBOAT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+PASSWORD = "correct horse battery staple"
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def _need_browser():
+    problem = None
+    if not Path(CHROMIUM).exists():
+        problem = f"no Chromium at {CHROMIUM} (apt-get install -y chromium)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            problem = "Playwright is not installed (pip install -e '.[dev]')"
+    if problem:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"browser tests cannot run under CI: {problem}", pytrace=False)
+        pytest.skip(problem)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the tests
+    # make between browser steps are still plain synchronous calls.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def web(worker_env):
+    server = WebServer(worker_env)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def page(browser, request):
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    yield page
+    context.close()
+
+
+@pytest.fixture
+def shots(request):
+    """shots("name", page): a full-page screenshot in var/screenshots/<test name>/."""
+    folder = ROOT / "var" / "screenshots" / request.node.name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    print(f"\nscreenshots: {folder}")
+    counter = iter(range(1, 100))
+
+    def take(name: str, page) -> Path:
+        path = folder / f"{next(counter):02d}-{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        return path
+
+    return take
+
+
+def person(project, username: str, role: str):
+    # The web server checks passwords with the production hashers (the test settings use
+    # a fast MD5 one), so the hash is made with PBKDF2, at few iterations to stay quick.
+    user = get_user_model().objects.create(
+        username=username,
+        password=PBKDF2PasswordHasher().encode(PASSWORD, "lifeboat-test-salt", iterations=1000),
+    )
+    Membership.objects.create(project=project, user=user, role=role)
+    return user
+
+
+def sign_in(page, web, username: str) -> None:
+    page.goto(f"{web.url}/")
+    assert "/accounts/login/" in page.url
+    page.get_by_label("User name").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"{web.url}/")
+
+
+@pytest.fixture
+def checkpoint_on_disk(project, tmp_path) -> Checkpoint:
+    """A run with one checkpoint whose file really is on disk under an allowed root,
+    reported but not yet checked (nothing queued: the test presses Validate)."""
+    root = tmp_path / "ckpts"
+    (root / "step-100").mkdir(parents=True)
+    data = os.urandom(256 * 1024)
+    (root / "step-100" / "model.bin").write_bytes(data)
+    project.allowed_roots = [str(root)]
+    project.save()
+    now = timezone.now()
+    run = Run.objects.create(
+        project=project, key="llama/7b", name="Llama 7B", expected_interval_s=3600,
+        started_at=now, last_seen_at=now, last_step=100, tags=["llama"],
+    )  # fmt: skip
+    checkpoint = Checkpoint.objects.create(
+        project=project, run=run, step=100, epoch=1, saved_at=now, location=str(root / "step-100"),
+        total_size=len(data), file_count=1, save_seconds=2.5, status="reported",
+    )  # fmt: skip
+    CheckpointFile.objects.create(
+        checkpoint=checkpoint, path="model.bin", size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )  # fmt: skip
+    return checkpoint
+
+
+def test_an_operator_validates_and_pins_without_a_reload(
+    page, web, project, checkpoint_on_disk, queues, celery_worker, shots
+):
+    from playwright.sync_api import expect
+
+    person(project, "otto", "operator")
+    sign_in(page, web, "otto")
+    shots("projects", page)
+    page.get_by_role("link", name="Alpha").click()
+    expect(page.get_by_role("link", name="Llama 7B")).to_be_visible()
+    shots("project", page)
+    page.get_by_role("link", name="Llama 7B").click()
+    expect(page.get_by_role("heading", name="Llama 7B")).to_be_visible()
+    shots("run", page)
+    page.get_by_role("link", name="100", exact=True).click()
+    expect(page.get_by_role("heading", name="Step 100")).to_be_visible()
+    badge = page.locator(".status-line .badge").first
+    expect(badge).to_have_text("Reported")
+    shots("checkpoint-reported", page)
+
+    page.evaluate("window.notReloaded = true")
+    page.get_by_role("button", name="Validate").click()
+    # Queued, verifying, then the worker's verdict, all by htmx polling.
+    expect(badge).to_have_text("Verified", timeout=45_000)
+    assert page.evaluate("window.notReloaded") is True
+    expect(page.locator("#live")).to_contain_text("user:otto")
+    shots("checkpoint-verified", page)
+
+    page.get_by_role("button", name="Pin", exact=True).click()
+    expect(page.locator(".status-line .badge-pinned")).to_have_text("Pinned")
+    expect(page.get_by_role("button", name="Unpin")).to_be_visible()
+    assert page.evaluate("window.notReloaded") is True
+    shots("checkpoint-pinned", page)
+
+    checkpoint_on_disk.refresh_from_db()
+    assert checkpoint_on_disk.status == "verified" and checkpoint_on_disk.pinned
+    from webapp.domain.models import Event
+
+    audit = set(Event.objects.filter(actor="user:otto").values_list("type", flat=True))
+    assert audit == {"checkpoint.validation_requested", "checkpoint.pinned"}
+
+    # The run page's table shows the new state too.
+    page.get_by_role("link", name="Llama 7B").click()
+    expect(page.locator("#checkpoints .badge-verified")).to_be_visible()
+    shots("run-after", page)
+
+
+def test_a_viewer_finds_no_buttons_and_is_refused(page, web, project, checkpoint_on_disk, shots):
+    from playwright.sync_api import expect
+
+    person(project, "vera", "viewer")
+    sign_in(page, web, "vera")
+    page.goto(f"{web.url}/p/alpha/checkpoints/{checkpoint_on_disk.pk}/")
+    expect(page.get_by_role("heading", name="Step 100")).to_be_visible()
+    expect(page.locator("#live")).to_contain_text("You are a viewer")
+    assert page.locator("form[action$='/validate/'], form[action$='/pin/']").count() == 0
+    expect(page.get_by_role("button", name="Validate")).to_be_disabled()
+    shots("checkpoint-as-viewer", page)
+    # Posting by hand, with a valid CSRF token, is refused by the server.
+    statuses = page.evaluate(
+        """async (id) => {
+            const token = JSON.parse(document.body.getAttribute('hx-headers'))['X-CSRFToken'];
+            const out = [];
+            for (const action of ['validate', 'pin']) {
+                const r = await fetch(`/p/alpha/checkpoints/${id}/${action}/`, {
+                    method: 'POST', headers: {'X-CSRFToken': token}, body: new FormData()});
+                out.push(r.status);
+            }
+            return out;
+        }""",
+        checkpoint_on_disk.pk,
+    )
+    assert statuses == [403, 403]
+    page.goto(f"{web.url}/p/alpha/settings/tokens/")
+    expect(page.get_by_role("heading", name="Not allowed")).to_be_visible()
+    shots("settings-refused", page)
+    checkpoint_on_disk.refresh_from_db()
+    assert not checkpoint_on_disk.pinned and checkpoint_on_disk.status == "reported"
+
+
+def test_an_admin_creates_a_token_shown_once(page, web, project, checkpoint_on_disk, shots):
+    from playwright.sync_api import expect
+
+    person(project, "ada", "admin")
+    sign_in(page, web, "ada")
+    page.goto(f"{web.url}/p/alpha/")
+    page.get_by_role("link", name="Settings").click()
+    page.get_by_label("Name").fill("trainer")
+    page.get_by_role("button", name="Create token").click()
+    secret = page.locator("#new-token").inner_text()
+    assert secret.startswith("lb_")
+    shots("token-created", page)
+    page.goto(f"{web.url}/p/alpha/settings/tokens/")
+    expect(page.get_by_role("cell", name="trainer")).to_be_visible()
+    assert secret not in page.content()
+    page.get_by_role("link", name="Storage targets").click()
+    shots("storage", page)
+    page.get_by_role("link", name="Launch profiles").click()
+    shots("launch-profiles", page)
+    # Keyboard: the skip link is the first stop and lands on the content.
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Skip to content")).to_be_focused()

@@ -1,0 +1,88 @@
+"""Small template helpers of the dashboard: sortable column headers, durations, and
+the badge colour of an event type."""
+
+from __future__ import annotations
+
+from django import template
+from django.utils.html import format_html
+
+register = template.Library()
+
+
+@register.simple_tag(takes_context=True)
+def sort_link(context, key: str, label: str):
+    """A column header that sorts by `key`, keeping the other filters."""
+    request = context["request"]
+    query = request.GET.copy()
+    query["sort"] = key
+    query.pop("page", None)
+    current = context.get("sort") == key
+    return format_html(
+        '<a href="?{}"{}>{}{}</a>',
+        query.urlencode(),
+        ' aria-current="true" class="sorted"' if current else "",
+        label,
+        " ↓" if current else "",
+    )
+
+
+@register.filter
+def duration(seconds) -> str:
+    """1800 -> '30 min'; 90 -> '1 min 30 s'; 7200 -> '2 h'."""
+    try:
+        seconds = int(float(seconds))
+    except (TypeError, ValueError):
+        return ""
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, s = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min" + (f" {s} s" if s else "")
+    hours, m = divmod(minutes, 60)
+    return f"{hours} h" + (f" {m} min" if m else "")
+
+
+_TONES = {
+    "verified": "ok",
+    "finished": "ok",
+    "pinned": "info",
+    "unpinned": "info",
+    "started": "info",
+    "saved": "info",
+    "resumed": "info",
+    "replicated": "ok",
+    "suspicious": "warn",
+    "validation_requested": "info",
+    "corrupt": "bad",
+    "missing": "bad",
+    "failed": "bad",
+    "deleted": "muted",
+}
+
+
+@register.filter
+def event_tone(event_type: str) -> str:
+    """checkpoint.corrupt -> 'bad': the colour of its badge on the timeline."""
+    return _TONES.get(event_type.rsplit(".", 1)[-1], "muted")
+
+
+@register.filter
+def event_summary(event) -> str:
+    """One line for a timeline row: the event's message, or what its data says."""
+    if event.message:
+        return event.message
+    data = event.data or {}
+    parts = []
+    if data.get("error"):
+        parts.append(str(data["error"]))
+    if data.get("exit_code") is not None:
+        parts.append(f"exit code {data['exit_code']}")
+    if data.get("save_seconds") is not None:
+        parts.append(f"saved in {data['save_seconds']} s")
+    if data.get("location"):
+        parts.append(str(data["location"]))
+    if data.get("host"):
+        parts.append(f"on {data['host']}")
+    if data.get("resumed_from"):
+        parts.append(f"resumed from checkpoint {data['resumed_from']}")
+    return " · ".join(parts)
