@@ -79,6 +79,11 @@ def _flush(args) -> int:
     print(f"lifeboat: delivered {sender.delivered} of {before} events; {left} left in {spool.dir}")
     if sender.last_error:
         print(f"lifeboat: last error: {sender.last_error}", file=sys.stderr)
+    if left and sender._lock_file is None:
+        print(
+            "lifeboat: another lifeboat process is this spool's sender; it delivers them",
+            file=sys.stderr,
+        )
     return 0 if empty else 4
 
 
