@@ -92,9 +92,23 @@ class Replica(models.Model):
     attempts = models.IntegerField(default=0)
     last_error = models.TextField(blank=True)
     manifest_key = models.CharField(max_length=1000, blank=True)
+    # Bytes actually sent in the last attempt; files already on the target are not sent.
+    bytes_sent = models.BigIntegerField(default=0)
+    # [{path, size, sha256, key}]: what this replica is made of, set when it is claimed so
+    # that retention knows which content-addressed objects are still referenced.
+    files = models.JSONField(default=list, blank=True)
+    # {object key: multipart upload id} of the attempt in progress, so that the next
+    # attempt (after a crash) aborts them instead of leaving parts behind.
+    uploads = models.JSONField(default=dict, blank=True)
+    worker = models.CharField(max_length=255, blank=True)
+    # Held by the worker uploading it, renewed with every progress write; a second copy
+    # of the task waits until it has lapsed.
+    lease_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
     verified_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -110,6 +124,23 @@ class Replica(models.Model):
 
     def __str__(self) -> str:
         return f"{self.checkpoint_id} on {self.target_id}: {self.status}"
+
+    @property
+    def is_final(self) -> bool:
+        return self.status not in (ReplicaStatus.PENDING, ReplicaStatus.UPLOADING)
+
+    def progress(self, now=None) -> dict:
+        """Bytes done, rate (bytes/s) and ETA (s), as Validation.progress()."""
+        end = self.finished_at or now or timezone.now()
+        elapsed = (end - self.started_at).total_seconds() if self.started_at else 0.0
+        rate = self.bytes_done / elapsed if elapsed > 0 else 0.0
+        remaining = max(self.bytes_total - self.bytes_done, 0)
+        return {
+            "bytes_done": self.bytes_done,
+            "bytes_total": self.bytes_total,
+            "rate": rate,
+            "eta_s": remaining / rate if rate > 0 and not self.is_final else None,
+        }
 
 
 class ResumeStatus(models.TextChoices):

@@ -1,0 +1,438 @@
+"""Making one replica: claim it, send what the target lacks, confirm, write the manifest
+last, record. workers.replicate calls these; each step is safe to repeat.
+
+1. claim (short transaction): lock the Replica row; nothing to do if it is final or
+   another worker holds its lease; else take the lease, count the attempt, note the
+   files it will be made of.
+2. send (no transaction): abort the multipart uploads a crashed attempt left (their ids
+   are on the row), then for every file: skip it if its object is already on the target
+   with the same sha256 (in the object's metadata), else stream it (upload.upload).
+   Then confirm every object with a HEAD, and write the manifest.
+3. record (short transaction): verified, failed, or back to pending for a retry.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from webapp.domain.replication import targets
+from webapp.domain.replication.upload import Throttle, abort_quietly, upload
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY_S = 1.0
+MANIFEST_FORMAT = "lifeboat.replica/1"
+
+
+class SourceUnavailable(Exception):
+    """The checkpoint's files cannot be read (gone, refused): permanent."""
+
+
+@dataclass
+class Claim:
+    replica_id: int
+    # Results are recorded only if no later attempt took the replica over meanwhile.
+    attempt: int
+    stale_uploads: dict = field(default_factory=dict)
+
+
+@dataclass
+class Busy:
+    retry_in_s: float
+
+
+def claim(replica_id: int) -> Claim | Busy | None:
+    from webapp.domain.models import Replica
+    from webapp.domain.models.checkpoints import CheckpointStatus
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    now = timezone.now()
+    with transaction.atomic():
+        replica = (
+            Replica.objects.select_for_update()
+            .select_related("checkpoint__project", "checkpoint__run", "target")
+            .filter(pk=replica_id)
+            .first()
+        )
+        if replica is None or replica.is_final:
+            return None
+        if replica.lease_until and replica.lease_until > now:
+            # Another worker is sending it, or a retry is not due yet.
+            return Busy((replica.lease_until - now).total_seconds() + 0.5)
+        checkpoint = replica.checkpoint
+        problem = None
+        if checkpoint.status != CheckpointStatus.VERIFIED:
+            problem = f"checkpoint is {checkpoint.status}, and only verified checkpoints are copied"
+        elif not replica.target.enabled:
+            problem = f"storage target {replica.target.name} is disabled"
+        if problem:
+            _finish(replica, ReplicaStatus.FAILED, problem, now)
+            return None
+        files = list(checkpoint.files.order_by("path").values("path", "size", "sha256"))
+        for entry in files:
+            entry["key"] = targets.blob_key(replica.target, entry["sha256"])
+        stale = dict(replica.uploads)
+        replica.status = ReplicaStatus.UPLOADING
+        replica.attempts += 1
+        replica.worker = socket.gethostname()
+        replica.started_at = now
+        replica.finished_at = None
+        replica.lease_until = now + timedelta(seconds=settings.REPLICATION_LEASE_S)
+        replica.files = files
+        replica.bytes_total = sum(f["size"] for f in files)
+        replica.bytes_done = replica.bytes_sent = 0
+        replica.save()
+        return Claim(replica.pk, replica.attempts, stale)
+
+
+class _Progress:
+    """Bytes done and sent, written to the row about once a second with the lease."""
+
+    def __init__(self, replica_id: int):
+        self.replica_id = replica_id
+        self.done = self.sent = 0
+        self.last = time.monotonic()
+
+    def __call__(self, n: int, sent: bool = True) -> None:
+        self.done += n
+        if sent:
+            self.sent += n
+        if time.monotonic() - self.last >= PROGRESS_EVERY_S:
+            self.flush()
+
+    def flush(self, **extra) -> None:
+        from webapp.domain.models import Replica
+
+        self.last = time.monotonic()
+        Replica.objects.filter(pk=self.replica_id).update(
+            bytes_done=self.done,
+            bytes_sent=self.sent,
+            lease_until=timezone.now() + timedelta(seconds=settings.REPLICATION_LEASE_S),
+            **extra,
+        )
+
+
+def _open_source(checkpoint, path: str):
+    """The file `path` of the checkpoint, opened for reading: under an allowed root
+    (resolved as validation does), or streamed from s3://."""
+    from webapp.domain.validation import integrity
+
+    location = checkpoint.location
+    if location.startswith("s3://"):
+        from webapp.domain.storage import s3_client
+
+        bucket, prefix = integrity.split_s3(location.rstrip("/") + "/" + path)
+        if not integrity.s3_allowed(location, checkpoint.project.allowed_roots):
+            raise SourceUnavailable(f"{location} is outside the project's allowed roots")
+        client = s3_client(checkpoint.project, bucket)
+        try:
+            return client.get_object(Bucket=bucket, Key=prefix)["Body"]
+        except client.exceptions.NoSuchKey:
+            raise SourceUnavailable(f"{path} is gone from {location}") from None
+    # A one-file checkpoint's location is the file itself (its one path is its name).
+    single = checkpoint.file_count == 1 and os.path.basename(location.rstrip("/")) == path
+    try:
+        real = integrity.resolve_local(
+            location if single else os.path.join(location, path),
+            checkpoint.project.allowed_roots,
+        )
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
+    except integrity.LocationRefused as exc:
+        raise SourceUnavailable(str(exc)) from None
+    except FileNotFoundError:
+        raise SourceUnavailable(f"{path} is gone from {location}") from None
+    return os.fdopen(fd, "rb", buffering=0)
+
+
+def _present(client, bucket: str, key: str, sha256: str, size: int) -> bool:
+    from botocore.exceptions import ClientError
+
+    try:
+        head = client.head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+    return head.get("Metadata", {}).get("sha256") == sha256 and head["ContentLength"] == size
+
+
+def send(claimed: Claim) -> dict:
+    """Everything that touches S3 and the source files. Returns what record_verified
+    needs; raises SourceChanged / SourceUnavailable (permanent) or anything else
+    (the target could not be reached: retried)."""
+    from webapp.domain.models import Replica
+
+    replica = Replica.objects.select_related(
+        "checkpoint__project", "checkpoint__run", "target"
+    ).get(pk=claimed.replica_id)
+    target, checkpoint = replica.target, replica.checkpoint
+    client = targets.client_for(target)
+    bucket = target.bucket
+
+    # Parts left by a crashed attempt would be kept (and billed) forever otherwise.
+    still_open, error = {}, None
+    for key, upload_id in claimed.stale_uploads.items():
+        if failed := abort_quietly(client, bucket, key, upload_id):
+            still_open[key], error = upload_id, failed
+    Replica.objects.filter(pk=replica.pk).update(uploads=still_open)
+    if error is not None:
+        raise error
+
+    progress = _Progress(replica.pk)
+    throttle = Throttle(settings.REPLICATION_MAX_BYTES_PER_S)
+    uploads: dict[str, str] = {}
+    sent_files = 0
+    for entry in replica.files:
+        key = entry["key"]
+        if _present(client, bucket, key, entry["sha256"], entry["size"]):
+            progress(entry["size"], sent=False)
+            continue
+
+        def started(upload_id, key=key):
+            uploads[key] = upload_id
+            Replica.objects.filter(pk=replica.pk).update(uploads=dict(uploads))
+
+        source = _open_source(checkpoint, entry["path"])
+        try:
+            upload(
+                client,
+                bucket,
+                key,
+                source,
+                name=entry["path"],
+                size=entry["size"],
+                sha256=entry["sha256"],
+                part_size=settings.REPLICATION_PART_SIZE,
+                concurrency=settings.REPLICATION_CONCURRENCY,
+                storage_class=target.storage_class,
+                progress=progress,
+                on_started=started,
+                throttle=throttle,
+                part_checksum=settings.REPLICATION_PART_CHECKSUM,
+            )
+        finally:
+            source.close()
+        uploads.pop(key, None)
+        progress.flush(uploads=dict(uploads))
+        sent_files += 1
+
+    # Every object confirmed where it should be, with its sha256 (a deduplicated one
+    # may have been deleted meanwhile by retention of another replica).
+    for entry in replica.files:
+        if not _present(client, bucket, entry["key"], entry["sha256"], entry["size"]):
+            raise ConnectionError(f"{entry['path']} is not on the target after its upload")
+
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "project": checkpoint.project.slug,
+        "run": checkpoint.run.key,
+        "step": checkpoint.step,
+        "checkpoint": checkpoint.pk,
+        "location": checkpoint.location,
+        "total_size": replica.bytes_total,
+        "files": [
+            {k: entry[k] for k in ("path", "size", "sha256", "key")} for entry in replica.files
+        ],
+        "written_at": timezone.now().isoformat(),
+    }
+    body = json.dumps(manifest, indent=1).encode()
+    digest = hashlib.sha256(body)
+    mkey = targets.manifest_key(target, checkpoint)
+    extra = {"StorageClass": target.storage_class} if target.storage_class else {}
+    client.put_object(
+        Bucket=bucket,
+        Key=mkey,
+        Body=body,
+        ContentType="application/json",
+        ChecksumSHA256=base64.b64encode(digest.digest()).decode(),
+        Metadata={"sha256": digest.hexdigest()},
+        **extra,
+    )
+    progress.flush()
+    return {
+        "manifest_key": mkey,
+        "bytes_done": progress.done,
+        "bytes_sent": progress.sent,
+        "files_sent": sent_files,
+        "files": len(replica.files),
+    }
+
+
+def _finish(replica, status: str, message: str, now) -> None:
+    replica.status = status
+    replica.last_error = message[:4000]
+    replica.finished_at = now
+    replica.lease_until = None
+    replica.save()
+
+
+def _event(replica, type_: str, message: str, now, **data) -> None:
+    from webapp.domain.models import Event
+
+    checkpoint = replica.checkpoint
+    Event.objects.create(
+        project_id=checkpoint.project_id,
+        run_id=checkpoint.run_id,
+        type=type_,
+        step=checkpoint.step,
+        time=now,
+        actor="worker:replicate",
+        message=message,
+        data={"replica": replica.pk, "target": replica.target.name, **data},
+    )
+    if type_ == "replica.failed":
+        from webapp.domain import alerts
+
+        alerts.on_replica_failed(replica)
+
+
+def _lock(claimed: Claim):
+    """The replica, locked, if this attempt still owns it; else None."""
+    from webapp.domain.models import Replica
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    replica = (
+        Replica.objects.select_for_update()
+        .select_related("checkpoint", "target")
+        .get(pk=claimed.replica_id)
+    )
+    if replica.status != ReplicaStatus.UPLOADING or replica.attempts != claimed.attempt:
+        return None
+    return replica
+
+
+def record_verified(claimed: Claim, result: dict) -> str:
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    now = timezone.now()
+    with transaction.atomic():
+        replica = _lock(claimed)
+        if replica is None:
+            return "superseded"
+        replica.status = ReplicaStatus.VERIFIED
+        replica.manifest_key = result["manifest_key"]
+        replica.bytes_done = result["bytes_done"]
+        replica.bytes_sent = result["bytes_sent"]
+        replica.verified_at = now
+        replica.uploads = {}
+        _finish(replica, ReplicaStatus.VERIFIED, "", now)
+        skipped = result["files"] - result["files_sent"]
+        message = (
+            f"Copied to {replica.target.name}: {result['files']} files, "
+            f"{replica.bytes_total:,} bytes, every sha256 matched"
+            + (f" ({skipped} already there, not sent again)" if skipped else "")
+        )
+        _event(replica, "replica.verified", message, now)
+    return ReplicaStatus.VERIFIED
+
+
+def record_source_changed(claimed: Claim, exc: Exception) -> str:
+    """The bytes on disk are not the ones that were verified: the replica fails, and the
+    checkpoint is flagged, since what it now holds is not what the job wrote."""
+    from webapp.domain.models import Checkpoint
+    from webapp.domain.models.checkpoints import CheckpointStatus
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    now = timezone.now()
+    with transaction.atomic():
+        replica = _lock(claimed)
+        if replica is None:
+            return "superseded"
+        _finish(replica, ReplicaStatus.FAILED, f"Not copied: {exc}", now)
+        _event(replica, "replica.failed", replica.last_error, now)
+        checkpoint = Checkpoint.objects.select_for_update().get(pk=replica.checkpoint_id)
+        if checkpoint.status == CheckpointStatus.VERIFIED:
+            checkpoint.status = CheckpointStatus.CORRUPT
+            checkpoint.status_message = f"Found while copying to {replica.target.name}: {exc}"
+            checkpoint.updated_at = now
+            checkpoint.save(update_fields=["status", "status_message", "updated_at"])
+            _event(replica, "checkpoint.corrupt", checkpoint.status_message, now)
+    return ReplicaStatus.FAILED
+
+
+def record_unavailable(claimed: Claim, exc: Exception) -> str:
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    now = timezone.now()
+    with transaction.atomic():
+        replica = _lock(claimed)
+        if replica is None:
+            return "superseded"
+        _finish(replica, ReplicaStatus.FAILED, f"Not copied: {exc}", now)
+        _event(replica, "replica.failed", replica.last_error, now)
+    return ReplicaStatus.FAILED
+
+
+def record_error(claimed: Claim, exc: Exception) -> float | None:
+    """The attempt could not reach the target (or died on the way). Back to pending with
+    a retry due after an exponential backoff, or failed after the last attempt. Returns
+    the delay before the retry, or None when there is none."""
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    now = timezone.now()
+    error = f"{type(exc).__name__}: {exc}"[:2000]
+    with transaction.atomic():
+        replica = _lock(claimed)
+        if replica is None:
+            return None
+        if replica.attempts >= settings.REPLICATION_MAX_ATTEMPTS:
+            _finish(
+                replica,
+                ReplicaStatus.FAILED,
+                f"Could not copy to {replica.target.name} after {replica.attempts} attempts; "
+                f"last error: {error}",
+                now,
+            )
+            _event(replica, "replica.failed", replica.last_error, now)
+            return None
+        delay = min(
+            settings.REPLICATION_RETRY_BASE_S * 2 ** (replica.attempts - 1),
+            settings.REPLICATION_RETRY_MAX_S,
+        )
+        replica.status = ReplicaStatus.PENDING
+        replica.last_error = error
+        # The lease doubles as "not before": an early copy of the task waits for it.
+        replica.lease_until = now + timedelta(seconds=delay)
+        replica.save(update_fields=["status", "last_error", "lease_until"])
+    return float(delay)
+
+
+def abort_abandoned_uploads(target, older_than_s: float) -> list[str]:
+    """Abort the multipart uploads under the target's objects that no replica knows of
+    and that began more than `older_than_s` ago: left by a worker killed between
+    starting an upload and writing its id down. (Uploads a replica knows of are aborted
+    by its next attempt.) Returns the keys aborted."""
+    from datetime import timedelta
+
+    from webapp.domain.models import Replica
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    client = targets.client_for(target)
+    known = set()
+    for uploads in Replica.objects.filter(
+        status__in=(ReplicaStatus.PENDING, ReplicaStatus.UPLOADING), **targets.same_store(target)
+    ).values_list("uploads", flat=True):
+        known |= set((uploads or {}).values())
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    prefix = targets.blobs_prefix(target)
+    aborted = []
+    paginator = client.get_paginator("list_multipart_uploads")
+    for page in paginator.paginate(Bucket=target.bucket, Prefix=prefix):
+        for started in page.get("Uploads", []):
+            if started["UploadId"] in known or started["Initiated"] > cutoff:
+                continue
+            if abort_quietly(client, target.bucket, started["Key"], started["UploadId"]) is None:
+                aborted.append(started["Key"])
+    return aborted

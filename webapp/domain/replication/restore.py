@@ -1,0 +1,68 @@
+"""Bring a replica back: the files of a verified replica, downloaded and verified.
+
+`replica_files` gives what the API hands to clients ({path, size, sha256, url} with a
+presigned GET URL); `restore_replica` downloads them with the same stdlib code the
+client uses (download.download_files), after checking that the manifest on the target
+agrees with the database.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from django.conf import settings
+
+from webapp.domain.replication import targets
+from webapp.domain.replication.download import RestoreError, download_files
+
+__all__ = ["RestoreError", "replica_files", "restore_replica"]
+
+
+def replica_files(replica, expires_s: int | None = None) -> list[dict]:
+    """The files of a verified replica, each with a presigned GET URL."""
+    if not replica.files:
+        return []
+    client = targets.client_for(replica.target)
+    expires_s = expires_s or settings.REPLICATION_URL_EXPIRES_S
+    return [
+        {
+            "path": entry["path"],
+            "size": entry["size"],
+            "sha256": entry["sha256"],
+            "url": client.generate_presigned_url(
+                "get_object",
+                Params={"Bucket": replica.target.bucket, "Key": entry["key"]},
+                ExpiresIn=expires_s,
+            ),
+        }
+        for entry in replica.files
+    ]
+
+
+def read_manifest(replica) -> dict:
+    client = targets.client_for(replica.target)
+    try:
+        body = client.get_object(Bucket=replica.target.bucket, Key=replica.manifest_key)["Body"]
+        return json.loads(body.read())
+    except client.exceptions.NoSuchKey:
+        raise RestoreError(
+            f"the manifest {replica.manifest_key} is gone from {replica.target.name}"
+        ) from None
+
+
+def restore_replica(replica, dest, progress: Callable[[int, int], None] | None = None) -> list:
+    """Download a verified replica into `dest`, verifying every file's sha256 against
+    the manifest on the target and the checkpoint's record. Raises RestoreError."""
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    if replica.status != ReplicaStatus.VERIFIED:
+        raise RestoreError(f"replica {replica.pk} is {replica.status}, not verified")
+    manifest = read_manifest(replica)
+    listed = sorted((f["path"], f["size"], f["sha256"]) for f in manifest.get("files", []))
+    recorded = sorted(replica.checkpoint.files.values_list("path", "size", "sha256"))
+    if listed != recorded:
+        raise RestoreError(
+            f"the manifest on {replica.target.name} does not list the checkpoint's files"
+        )
+    return download_files(replica_files(replica), dest, progress)

@@ -1,0 +1,212 @@
+"""One file to S3, hashed as it is sent.
+
+The file is read once. Each part's bytes go into the file's running sha256 (in read
+order) and, in a worker thread, into the part's own checksum (CRC32 or SHA256), which S3
+checks on arrival: a part damaged on the way is refused by the server. The multipart
+upload is completed only when the whole file's sha256 equals the one the checkpoint
+recorded; otherwise it is aborted, so no object ever sits under a content address that
+is not its content.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import BinaryIO
+
+MAX_PARTS = 10_000  # S3's limit
+
+
+class SourceChanged(Exception):
+    """The bytes read differ from what the checkpoint recorded: permanent, never
+    retried; the checkpoint is no longer what was verified."""
+
+
+@dataclass
+class Sent:
+    sha256: str
+    size: int
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+# The checksum S3 checks on each part. SHA256 costs a second hash of every byte on both
+# ends; CRC32 (zlib, several GB/s) catches damage in transit as well at a fraction of
+# the CPU. The file's own sha256 is computed either way, from the same bytes.
+PART_CHECKSUMS = {
+    "SHA256": lambda data: _b64(hashlib.sha256(data).digest()),
+    "CRC32": lambda data: _b64(zlib.crc32(data).to_bytes(4, "big")),
+}
+
+
+def _read_exactly(source: BinaryIO, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = source.read(n - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class Throttle:
+    """Keeps the bytes sent per second under a limit (0: none)."""
+
+    def __init__(self, bytes_per_s: int):
+        self.rate = bytes_per_s
+        self.start = time.monotonic()
+        self.sent = 0
+
+    def __call__(self, n: int) -> None:
+        if not self.rate:
+            return
+        self.sent += n
+        ahead = self.sent / self.rate - (time.monotonic() - self.start)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def _mismatch(name: str, expected_sha: str, expected_size: int, sha: str, size: int) -> str:
+    if size != expected_size:
+        return (
+            f"{name} is {size:,} bytes now, not the {expected_size:,} that were verified: "
+            "the file changed after validation"
+        )
+    return (
+        f"{name} does not match its recorded sha256 (recorded {expected_sha[:12]}…, read "
+        f"{sha[:12]}…): the file changed after validation"
+    )
+
+
+def upload(
+    client,
+    bucket: str,
+    key: str,
+    source: BinaryIO,
+    *,
+    name: str,
+    size: int,
+    sha256: str,
+    part_size: int,
+    concurrency: int,
+    storage_class: str = "",
+    progress: Callable[[int], None] | None = None,
+    on_started: Callable[[str], None] | None = None,
+    throttle: Throttle | None = None,
+    part_checksum: str = "CRC32",
+) -> Sent:
+    """Send `size` bytes of `source` to s3://bucket/key; raise SourceChanged unless
+    they hash to `sha256`. `on_started(upload_id)` is called as soon as a multipart
+    upload exists, so that a crash can be cleaned up after."""
+    extra = {"Metadata": {"sha256": sha256}}
+    if storage_class:
+        extra["StorageClass"] = storage_class
+    # Larger parts for a file that would need more than S3's 10,000.
+    part_size = max(part_size, math.ceil(size / MAX_PARTS))
+    if size <= part_size:
+        data = _read_exactly(source, size + 1)  # one byte more shows a grown file
+        digest = hashlib.sha256(data)
+        if digest.hexdigest() != sha256 or len(data) != size:
+            raise SourceChanged(_mismatch(name, sha256, size, digest.hexdigest(), len(data)))
+        if throttle:
+            throttle(len(data))
+        # The object is small: its sha256 is also the checksum S3 checks.
+        client.put_object(
+            Bucket=bucket, Key=key, Body=data, ChecksumSHA256=_b64(digest.digest()), **extra
+        )
+        if progress:
+            progress(len(data))
+        return Sent(sha256, len(data))
+
+    checksum_of = PART_CHECKSUMS[part_checksum]
+    field = f"Checksum{part_checksum}"
+    upload_id = client.create_multipart_upload(
+        Bucket=bucket, Key=key, ChecksumAlgorithm=part_checksum, **extra
+    )["UploadId"]
+    if on_started:
+        on_started(upload_id)
+    completed = False
+    try:
+        whole = hashlib.sha256()
+        total = 0
+        parts: list[dict] = []
+        pending: deque = deque()
+
+        def send(number: int, data: bytes) -> dict:
+            # hashlib and zlib release the GIL on large buffers: parts hash in parallel.
+            checksum = checksum_of(data)
+            answer = client.upload_part(
+                Bucket=bucket,
+                Key=key,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=data,
+                **{field: checksum},
+            )
+            return {"PartNumber": number, "ETag": answer["ETag"], field: checksum}
+
+        def collect_oldest() -> None:
+            future, n = pending.popleft()
+            parts.append(future.result())
+            if progress:
+                progress(n)
+
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            try:
+                number = 0
+                while True:
+                    data = _read_exactly(source, part_size)
+                    if not data:
+                        break
+                    number += 1
+                    whole.update(data)
+                    total += len(data)
+                    if total > size:
+                        break  # grown: no need to read (or send) the rest
+                    if throttle:
+                        throttle(len(data))
+                    # At most `concurrency` parts in memory and on the wire.
+                    while len(pending) >= concurrency:
+                        collect_oldest()
+                    pending.append((pool.submit(send, number, data), len(data)))
+                while pending:
+                    collect_oldest()
+            finally:
+                for future, _ in pending:
+                    future.cancel()
+        sha = whole.hexdigest()
+        if total != size or sha != sha256:
+            raise SourceChanged(_mismatch(name, sha256, size, sha, total))
+        client.complete_multipart_upload(
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload_id,
+            MultipartUpload={"Parts": sorted(parts, key=lambda p: p["PartNumber"])},
+        )
+        completed = True
+        return Sent(sha, total)
+    finally:
+        if not completed:
+            abort_quietly(client, bucket, key, upload_id)
+
+
+def abort_quietly(client, bucket: str, key: str, upload_id: str) -> Exception | None:
+    """Abort a multipart upload; the error if that failed too (the target is down). The
+    replica keeps the id, and its next attempt aborts it."""
+    try:
+        client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+    except client.exceptions.NoSuchUpload:
+        pass
+    except Exception as exc:
+        return exc
+    return None

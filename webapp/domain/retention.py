@@ -1,0 +1,385 @@
+"""Retention: which checkpoints a project keeps, and deleting the others safely.
+
+The rules of a RetentionPolicy are a union, as in Determined's checkpoint GC: a
+checkpoint stays if any rule keeps it. Always kept, whatever the policy: pinned
+checkpoints, the checkpoints a run was resumed from, and each run's latest verified.
+Rules that rank (last N, best K) rank a run's verified checkpoints; a checkpoint that is
+not verified (still being checked, suspicious, corrupt) is never deleted by a policy.
+
+- Local copies (where the job wrote them) are deleted only when a verified replica
+  exists, so every deletion leaves a restorable copy.
+- Replicas follow their own policy; a replica's objects are content-addressed and shared,
+  so an object goes only when no other live replica in the same store names it.
+
+`plan` is the dry run: every decision with its reasons. `apply` carries them out, each
+after re-checking the facts it rests on under a row lock; deletions are idempotent,
+tolerate files and objects already gone, and are recorded in the event log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from django.db import transaction
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Decision:
+    scope: str  # "local" or "replicas"
+    run: str
+    step: int
+    checkpoint_id: int
+    delete: bool
+    reasons: list[str] = field(default_factory=list)
+    replica_id: int | None = None
+    target: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        what = "local copy" if self.scope == "local" else f"replica on {self.target}"
+        verb = "DELETE" if self.delete else "keep  "
+        return f"{verb} {self.run} step {self.step} {what}: {'; '.join(self.reasons)}"
+
+
+def _metric(checkpoint, name: str) -> float | None:
+    value = (checkpoint.metrics or {}).get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return None
+    return float(value)
+
+
+def keep_reasons(policy, ranked: list, always: dict[int, list[str]]) -> dict[int, list[str]]:
+    """Why each of `ranked` (one run's checkpoints, any order) is kept; absent: not kept."""
+    reasons: dict[int, list[str]] = defaultdict(list)
+    for checkpoint_id, why in always.items():
+        reasons[checkpoint_id] += why
+    by_step = sorted(ranked, key=lambda c: c.step, reverse=True)
+    if policy.keep_last:
+        for checkpoint in by_step[: policy.keep_last]:
+            reasons[checkpoint.pk].append(f"one of the last {policy.keep_last}")
+    if policy.keep_best and policy.metric:
+        scored = [(v, c) for c in by_step if (v := _metric(c, policy.metric)) is not None]
+        scored.sort(key=lambda vc: vc[0], reverse=policy.mode == "max")
+        for value, checkpoint in scored[: policy.keep_best]:
+            reasons[checkpoint.pk].append(
+                f"one of the best {policy.keep_best} by {policy.metric} ({value:g})"
+            )
+    if policy.keep_every_n_steps:
+        for checkpoint in by_step:
+            if checkpoint.step % policy.keep_every_n_steps == 0:
+                reasons[checkpoint.pk].append(f"step is a multiple of {policy.keep_every_n_steps}")
+    return reasons
+
+
+def _always_kept(run, checkpoints: list) -> dict[int, list[str]]:
+    from webapp.domain.models import Run
+    from webapp.domain.models.checkpoints import CheckpointStatus
+
+    always: dict[int, list[str]] = defaultdict(list)
+    ids = [c.pk for c in checkpoints]
+    for checkpoint in checkpoints:
+        if checkpoint.pinned:
+            always[checkpoint.pk].append("pinned")
+    for checkpoint_id in Run.objects.filter(resumed_from_id__in=ids).values_list(
+        "resumed_from_id", flat=True
+    ):
+        if "a run was resumed from it" not in always[checkpoint_id]:
+            always[checkpoint_id].append("a run was resumed from it")
+    latest = run.checkpoints.filter(status=CheckpointStatus.VERIFIED).order_by("-step").first()
+    if latest is not None:
+        always[latest.pk].append("latest verified")
+    return always
+
+
+def _policy(project, scope: str):
+    return project.retention_policies.filter(applies_to=scope, enabled=True).first()
+
+
+def plan(project, scope: str = "local", run=None) -> list[Decision]:
+    """What retention would do now, checkpoint by checkpoint, and why."""
+    from webapp.domain.models.retention import RetentionScope
+
+    policy = _policy(project, scope)
+    if policy is None:
+        return []
+    runs = [run] if run is not None else list(project.runs.order_by("key"))
+    planner = _plan_local if scope == RetentionScope.LOCAL else _plan_replicas
+    decisions = []
+    for one in runs:
+        decisions += planner(policy, one)
+    return decisions
+
+
+def _plan_local(policy, run) -> list[Decision]:
+    from webapp.domain.models import Replica
+    from webapp.domain.models.checkpoints import CheckpointStatus
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    checkpoints = list(
+        run.checkpoints.exclude(
+            status__in=(CheckpointStatus.DELETED, CheckpointStatus.SAVING, CheckpointStatus.FAILED)
+        ).order_by("step")
+    )
+    verified = [c for c in checkpoints if c.status == CheckpointStatus.VERIFIED]
+    reasons = keep_reasons(policy, verified, _always_kept(run, checkpoints))
+    copies: dict[int, list[str]] = defaultdict(list)
+    for checkpoint_id, target in Replica.objects.filter(
+        checkpoint__run=run, status=ReplicaStatus.VERIFIED
+    ).values_list("checkpoint_id", "target__name"):
+        copies[checkpoint_id].append(target)
+    decisions = []
+    for checkpoint in checkpoints:
+        decision = Decision("local", run.key, checkpoint.step, checkpoint.pk, delete=False)
+        if checkpoint.status != CheckpointStatus.VERIFIED:
+            decision.reasons = [f"{checkpoint.status}, not verified: never deleted by a policy"]
+        elif reasons.get(checkpoint.pk):
+            decision.reasons = reasons[checkpoint.pk]
+        elif not copies.get(checkpoint.pk):
+            decision.reasons = ["no rule keeps it, but it has no verified replica yet"]
+        else:
+            decision.delete = True
+            decision.reasons = [
+                "no rule keeps it",
+                f"verified replica on {', '.join(sorted(copies[checkpoint.pk]))}",
+            ]
+        decisions.append(decision)
+    return decisions
+
+
+def _plan_replicas(policy, run) -> list[Decision]:
+    from webapp.domain.models import Replica
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    replicas = list(
+        Replica.objects.filter(checkpoint__run=run, status=ReplicaStatus.VERIFIED)
+        .select_related("checkpoint", "target")
+        .order_by("checkpoint__step", "target__name")
+    )
+    checkpoints = list({r.checkpoint_id: r.checkpoint for r in replicas}.values())
+    reasons = keep_reasons(policy, checkpoints, _always_kept(run, checkpoints))
+    decisions = []
+    for replica in replicas:
+        checkpoint = replica.checkpoint
+        kept = reasons.get(checkpoint.pk)
+        decisions.append(
+            Decision(
+                "replicas",
+                run.key,
+                checkpoint.step,
+                checkpoint.pk,
+                delete=not kept,
+                reasons=kept or ["no rule keeps it"],
+                replica_id=replica.pk,
+                target=replica.target.name,
+            )
+        )
+    return decisions
+
+
+# --- carrying it out -------------------------------------------------------------------
+
+
+def apply(project, actor: str = "retention", run=None) -> list[Decision]:
+    """Carry out the plan for local copies, then for replicas. Returns the decisions
+    that were carried out (each re-checked first; one that no longer holds is skipped)."""
+    done = []
+    finish_interrupted(project)
+    for decision in plan(project, "local", run):
+        if decision.delete and delete_local(decision, actor):
+            done.append(decision)
+    for decision in plan(project, "replicas", run):
+        if decision.delete and delete_replica(decision, actor):
+            done.append(decision)
+    return done
+
+
+def _still_deletable_locally(checkpoint) -> str | None:
+    """Re-checked under the row lock: None if the local copy may go, else why not."""
+    from webapp.domain.models import Run
+    from webapp.domain.models.checkpoints import CheckpointStatus
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    if checkpoint.status != CheckpointStatus.VERIFIED:
+        return f"it is {checkpoint.status} now"
+    if checkpoint.pinned:
+        return "it was pinned"
+    if Run.objects.filter(resumed_from=checkpoint).exists():
+        return "a run was resumed from it"
+    latest = checkpoint.run.latest_verified_checkpoint()
+    if latest is not None and latest.pk == checkpoint.pk:
+        return "it is the latest verified"
+    if not checkpoint.replicas.filter(status=ReplicaStatus.VERIFIED).exists():
+        return "it has no verified replica"
+    return None
+
+
+def delete_local(decision: Decision, actor: str) -> bool:
+    from webapp.domain.models import Checkpoint, Event
+    from webapp.domain.models.checkpoints import CheckpointStatus
+
+    now = timezone.now()
+    with transaction.atomic():
+        checkpoint = (
+            Checkpoint.objects.select_for_update()
+            .select_related("run", "project")
+            .filter(pk=decision.checkpoint_id)
+            .first()
+        )
+        if checkpoint is None:
+            return False
+        why_not = _still_deletable_locally(checkpoint)
+        if why_not:
+            log.info("retention: keeping %s, since %s", checkpoint, why_not)
+            return False
+        # Marked first, files removed after commit (no disk work inside a transaction);
+        # deleted_at stays empty until they are gone, so an interrupted deletion is
+        # finished by the next run (finish_interrupted).
+        checkpoint.status = CheckpointStatus.DELETED
+        checkpoint.status_message = (
+            f"Local copy deleted by the retention policy ({'; '.join(decision.reasons)})."
+        )
+        checkpoint.updated_at = now
+        checkpoint.save(update_fields=["status", "status_message", "updated_at"])
+        Event.objects.create(
+            project_id=checkpoint.project_id,
+            run_id=checkpoint.run_id,
+            type="checkpoint.deleted",
+            step=checkpoint.step,
+            time=now,
+            actor=actor,
+            message=checkpoint.status_message,
+            data={"scope": "local", "location": checkpoint.location, "reasons": decision.reasons},
+        )
+    _remove_local_files(checkpoint)
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(deleted_at=timezone.now())
+    return True
+
+
+def finish_interrupted(project) -> None:
+    """Deletions marked but not finished (the worker died between the two steps)."""
+    from webapp.domain.models import Checkpoint, Replica
+    from webapp.domain.models.checkpoints import CheckpointStatus
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    for checkpoint in Checkpoint.objects.filter(
+        project=project, status=CheckpointStatus.DELETED, deleted_at__isnull=True
+    ).select_related("project"):
+        if checkpoint.files.exists():
+            _remove_local_files(checkpoint)
+        Checkpoint.objects.filter(pk=checkpoint.pk).update(deleted_at=timezone.now())
+    for replica in Replica.objects.filter(
+        target__project=project, status=ReplicaStatus.DELETED, deleted_at__isnull=True
+    ).select_related("target"):
+        _remove_replica_objects(replica)
+        Replica.objects.filter(pk=replica.pk).update(deleted_at=timezone.now())
+
+
+def _remove_local_files(checkpoint) -> None:
+    from webapp.domain.validation import integrity
+
+    paths = list(checkpoint.files.values_list("path", flat=True))
+    location = checkpoint.location
+    if location.startswith("s3://"):
+        from webapp.domain.storage import s3_client
+
+        bucket, prefix = integrity.split_s3(location.rstrip("/") + "/")
+        client = s3_client(checkpoint.project, bucket)
+        for path in paths:
+            client.delete_object(Bucket=bucket, Key=prefix + path)  # absent: no error
+        return
+    try:
+        base = integrity.resolve_local(location, checkpoint.project.allowed_roots)
+    except FileNotFoundError:
+        return
+    except integrity.LocationRefused as exc:
+        log.warning("retention: not deleting %s: %s", location, exc)
+        return
+    for path in paths:
+        pure = os.path.normpath(path)
+        if pure.startswith("..") or os.path.isabs(pure):
+            continue
+        # The entry itself is removed, never what a symlink points to: a file shared by
+        # two checkpoints through a link stays for the other one.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(base, pure))
+        directory = os.path.dirname(os.path.join(base, pure))
+        while directory != base and directory.startswith(base + "/"):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
+            directory = os.path.dirname(directory)
+    with contextlib.suppress(OSError):
+        os.rmdir(base)  # only if empty: anything else the job left there stays
+
+
+def delete_replica(decision: Decision, actor: str) -> bool:
+    from webapp.domain.models import Event, Replica
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    now = timezone.now()
+    with transaction.atomic():
+        replica = (
+            Replica.objects.select_for_update()
+            .select_related("checkpoint__run", "target")
+            .filter(pk=decision.replica_id)
+            .first()
+        )
+        if replica is None or replica.status != ReplicaStatus.VERIFIED:
+            return False
+        checkpoint = replica.checkpoint
+        always = _always_kept(checkpoint.run, [checkpoint])
+        if always.get(checkpoint.pk):
+            return False
+        replica.status = ReplicaStatus.DELETED
+        replica.save(update_fields=["status"])
+        Event.objects.create(
+            project_id=checkpoint.project_id,
+            run_id=checkpoint.run_id,
+            type="replica.deleted",
+            step=checkpoint.step,
+            time=now,
+            actor=actor,
+            message=(
+                f"Replica on {replica.target.name} deleted by the retention policy "
+                f"({'; '.join(decision.reasons)})."
+            ),
+            data={"scope": "replicas", "replica": replica.pk, "target": replica.target.name},
+        )
+    _remove_replica_objects(replica)
+    Replica.objects.filter(pk=replica.pk).update(deleted_at=timezone.now())
+    return True
+
+
+def _remove_replica_objects(replica) -> None:
+    """The manifest, and each content-addressed object no other live replica in the same
+    store names (a tokenizer shared with a checkpoint that stays, stays)."""
+    from webapp.domain.models import Replica
+    from webapp.domain.models.recovery import ReplicaStatus
+    from webapp.domain.replication import targets
+
+    client = targets.client_for(replica.target)
+    bucket = replica.target.bucket
+    if replica.manifest_key:
+        client.delete_object(Bucket=bucket, Key=replica.manifest_key)
+    mine = {entry["key"] for entry in replica.files}
+    others = (
+        Replica.objects.filter(**targets.same_store(replica.target))
+        .exclude(pk=replica.pk)
+        .exclude(status=ReplicaStatus.DELETED)
+        .values_list("files", flat=True)
+    )
+    for files in others:
+        mine -= {entry["key"] for entry in files or []}
+    for key in sorted(mine):
+        client.delete_object(Bucket=bucket, Key=key)  # an absent key is no error in S3

@@ -1,0 +1,32 @@
+"""Retention on a schedule (Celery beat), on the validate queue: deleting a local copy
+needs a worker that sees the training file system. See webapp.domain.retention."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+
+@shared_task(name="workers.retention.apply_all", ignore_result=True)
+def apply_all() -> int:
+    """One task per project that has an enabled retention policy."""
+    from webapp.domain.models import RetentionPolicy
+
+    ids = sorted(
+        set(RetentionPolicy.objects.filter(enabled=True).values_list("project_id", flat=True))
+    )
+    for project_id in ids:
+        apply_project.delay(project_id)
+    return len(ids)
+
+
+@shared_task(name="workers.retention.apply_project", ignore_result=True)
+def apply_project(project_id: int) -> int:
+    """Safe to run twice, or in parallel: each deletion re-checks its reasons under a
+    row lock, and one already done is skipped."""
+    from webapp.domain import retention
+    from webapp.domain.models import Project
+
+    project = Project.objects.filter(pk=project_id).first()
+    if project is None:
+        return 0
+    return len(retention.apply(project, actor="worker:retention"))
