@@ -10,6 +10,9 @@ the newest *verified* checkpoint that Lifeboat knows of:
     python examples/train_digits.py --run digits --resume             # back from the last
                                                                       # verified epoch
 
+A resume started by Lifeboat (a launch profile) passes the chosen checkpoint in
+LIFEBOAT_CHECKPOINT, which --resume-from reads by default.
+
 Training is deterministic (seeded, the data order of each epoch drawn from the epoch
 number), so a resumed run repeats exactly the losses the first one reported for the
 same steps; Lifeboat's replay check relies on that.
@@ -72,6 +75,20 @@ def build(seed: int):
     return model, optimizer
 
 
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The order of an epoch depends only on the seed and the epoch: a resumed run sees
+    the same batches as the original did."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+
+
+def train_step(model, optimizer, x, y) -> float:
+    loss = nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
 def evaluate(model, x, y) -> tuple[float, float]:
     model.eval()
     with torch.no_grad():
@@ -96,12 +113,26 @@ def main(argv=None) -> int:
     parser.add_argument("--crash-at-step", type=int, help="raise an error at this step")
     parser.add_argument("--kill-at-step", type=int, help="SIGKILL itself at this step")
     parser.add_argument("--resume", action="store_true", help="start from lifeboat.latest")
+    parser.add_argument(
+        "--resume-from",
+        default=os.environ.get("LIFEBOAT_CHECKPOINT"),
+        help="start from this checkpoint file (a Lifeboat resume sets LIFEBOAT_CHECKPOINT)",
+    )
     args = parser.parse_args(argv)
 
     (x_train, y_train), (x_val, y_val) = data(args.seed)
     model, optimizer = build(args.seed)
     start_epoch, resumed_from = 0, None
-    if args.resume:
+    if args.resume_from:
+        state = torch.load(args.resume_from, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch = state["epoch"] + 1
+        print(
+            f"resumed from {args.resume_from} (epoch {state['epoch']}, step {state['step']})",
+            flush=True,
+        )
+    elif args.resume:
         try:
             path = lifeboat.latest(args.run)
             info = latest_info(args.run, lifeboat.Config.resolve())
@@ -128,19 +159,12 @@ def main(argv=None) -> int:
         step = start_epoch * steps_per_epoch
         for epoch in range(start_epoch, args.epochs):
             started = time.perf_counter()
-            # The order of an epoch depends only on the seed and the epoch: a resumed run
-            # sees the same batches as the original did.
-            order = torch.randperm(
-                len(x_train), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch)
-            )
+            order = epoch_order(len(x_train), args.seed, epoch)
             for first in range(0, len(x_train), args.batch_size):
                 index = order[first : first + args.batch_size]
-                loss = nn.functional.cross_entropy(model(x_train[index]), y_train[index])
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+                loss = train_step(model, optimizer, x_train[index], y_train[index])
                 step += 1
-                run.log(step, loss=loss.item())
+                run.log(step, loss=loss)
                 if step == args.crash_at_step:
                     raise RuntimeError(f"crashing on purpose at step {step} (--crash-at-step)")
                 if step == args.kill_at_step:
@@ -156,10 +180,10 @@ def main(argv=None) -> int:
                 directory / f"epoch-{epoch:03d}-step-{step}.pt",
                 step=step,
                 epoch=epoch,
-                metrics={"loss": loss.item(), "val_loss": val_loss, "val_accuracy": accuracy},
+                metrics={"loss": loss, "val_loss": val_loss, "val_accuracy": accuracy},
             )
             print(
-                f"epoch {epoch}  step {step}  loss {loss.item():.4f}  val_loss {val_loss:.4f}  "
+                f"epoch {epoch}  step {step}  loss {loss:.4f}  val_loss {val_loss:.4f}  "
                 f"val_accuracy {accuracy:.3f}  ({time.perf_counter() - started:.2f} s)",
                 flush=True,
             )

@@ -53,6 +53,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "webapp.ops.latency.LatencyMiddleware",
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -124,18 +125,66 @@ if not DEBUG:
     SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)
     CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)
 
+# LOG_FORMAT=json writes one JSON object per line; either way every line a task writes
+# carries its task, run and checkpoint ids (webapp/ops/logs.py).
+LOG_FORMAT = env_str("LOG_FORMAT", "plain")
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, not {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "webapp.ops.logs.ContextFilter"}},
+    "formatters": {
+        "plain": {
+            "()": "webapp.ops.logs.PlainFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        },
+        "json": {"()": "webapp.ops.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMAT,
+            "filters": ["context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
+
+# Prometheus scrapes /metrics; with a token set it must send it as a bearer token.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "") or ""
 
 # --- Ingest API ----------------------------------------------------------------------
 # The largest request body POST /api/v1/events accepts; larger ones get 413.
 EVENTS_MAX_BODY_BYTES = env_int("EVENTS_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024)
 EVENTS_MAX_BATCH = env_int("EVENTS_MAX_BATCH", 1000, minimum=1)
+
+# --- Restore tests (webapp/domain/restore_test.py) ---------------------------------------
+# The latest verified checkpoint of each active run is restore-tested this often.
+RESTORE_TEST_EVERY_S = env_int("RESTORE_TEST_EVERY_S", 6 * 3600, minimum=60)
+
+# --- Resume (webapp/domain/resume.py) ---------------------------------------------------
+# How often a launch worker looks at a resumed job (process or Slurm job) until it ends.
+LAUNCH_FOLLOW_S = env_int("LAUNCH_FOLLOW_S", 15, minimum=1)
+
+# --- Alerts (webapp/domain/alerts.py) ---------------------------------------------------
+# Links in alerts point here.
+SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
+# A running run that sent heartbeats and then none for this long is overdue.
+ALERT_HEARTBEAT_GRACE_S = env_int("ALERT_HEARTBEAT_GRACE_S", 600, minimum=60)
+# A save this many times slower than the run's median is worth an alert.
+ALERT_SLOW_SAVE_FACTOR = float(env_str("ALERT_SLOW_SAVE_FACTOR", "3") or 3)
+ALERT_TIMEOUT_S = env_int("ALERT_TIMEOUT_S", 10, minimum=1)
+ALERT_MAX_ATTEMPTS = env_int("ALERT_MAX_ATTEMPTS", 5, minimum=1)
+ALERT_RETRY_BASE_S = env_int("ALERT_RETRY_BASE_S", 30, minimum=1)
+# E-mail: SMTP when EMAIL_HOST is set; without it, e-mail channels fail with a message
+# that says so (never a silent "sent").
+EMAIL_HOST = env_str("EMAIL_HOST", "") or ""
+EMAIL_PORT = env_int("EMAIL_PORT", 587, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "") or ""
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "") or ""
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "lifeboat@localhost")
 
 # --- Redis and Celery ----------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -183,3 +232,32 @@ VALIDATION_MAX_ERRORS = env_int("VALIDATION_MAX_ERRORS", 3, minimum=1)
 # older than this (bits rot).
 REVALIDATE_AFTER_S = env_int("REVALIDATE_AFTER_S", 24 * 3600, minimum=60)
 SCRATCH_DIR = Path(env_str("LIFEBOAT_SCRATCH_DIR", str(VAR_DIR / "scratch")))
+
+# --- Replication ---------------------------------------------------------------------
+# Files are sent in parts of this size (S3's minimum is 5 MiB), this many parts at once;
+# a file too large for 10,000 parts gets larger parts.
+REPLICATION_PART_SIZE = env_int("REPLICATION_PART_SIZE", 16 * 1024**2, minimum=5 * 1024**2)
+REPLICATION_CONCURRENCY = env_int("REPLICATION_CONCURRENCY", 10, minimum=1)
+# The checksum sent with every part, which the server verifies before it keeps the part:
+# CRC32 or SHA256. The file's sha256 is computed from the same bytes and compared either
+# way, so a part's checksum only has to catch damage in transit; SHA256 parts hash every
+# byte a second time on both ends, about 20% of the throughput (docs/benchmarks.md).
+REPLICATION_PART_CHECKSUM = env_str("REPLICATION_PART_CHECKSUM", "CRC32").upper()
+if REPLICATION_PART_CHECKSUM not in ("SHA256", "CRC32"):
+    raise ImproperlyConfigured("REPLICATION_PART_CHECKSUM must be SHA256 or CRC32")
+# 0: no limit. A worker sends at most this many bytes a second (shared links).
+REPLICATION_MAX_BYTES_PER_S = env_int("REPLICATION_MAX_BYTES_PER_S", 0, minimum=0)
+# An attempt that could not reach the target is tried again after RETRY_BASE_S, doubling
+# up to RETRY_MAX_S, until MAX_ATTEMPTS; then the replica is "failed" with the last error.
+REPLICATION_MAX_ATTEMPTS = env_int("REPLICATION_MAX_ATTEMPTS", 6, minimum=1)
+REPLICATION_RETRY_BASE_S = env_int("REPLICATION_RETRY_BASE_S", 30, minimum=0)
+REPLICATION_RETRY_MAX_S = env_int("REPLICATION_RETRY_MAX_S", 3600, minimum=0)
+# botocore's own retries of one request, within an attempt.
+REPLICATION_S3_RETRIES = env_int("REPLICATION_S3_RETRIES", 5, minimum=1)
+# How long a worker's claim on a replica lasts without a progress write; a redelivered
+# copy of the task waits this long before it takes an upload over from a dead worker.
+REPLICATION_LEASE_S = env_int("REPLICATION_LEASE_S", 120, minimum=1)
+# Multipart uploads no replica knows of are aborted after this long (beat, hourly).
+REPLICATION_ABANDONED_UPLOAD_S = env_int("REPLICATION_ABANDONED_UPLOAD_S", 24 * 3600, minimum=0)
+# Lifetime of the presigned download URLs the API hands out.
+REPLICATION_URL_EXPIRES_S = env_int("REPLICATION_URL_EXPIRES_S", 3600, minimum=60)

@@ -3,10 +3,14 @@ from django.urls import include, path, re_path
 
 from webapp.api.errors import error_response
 from webapp.api.urls import api
+from webapp.ops.health import healthz
+from webapp.ops.metrics import metrics_view
 
 urlpatterns = [
     path("api/v1/", api.urls),
     re_path(r"^api/", lambda request: handler404(request)),
+    path("metrics", metrics_view, name="metrics"),
+    path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("accounts/", include("webapp.accounts.urls")),
     path("", include("webapp.dashboard.urls")),
@@ -20,6 +24,9 @@ def handler404(request, exception=None):
     from django.views.defaults import page_not_found
 
     return page_not_found(request, exception)
+
+
+handler403 = "webapp.dashboard.views.forbidden"
 
 
 def handler500(request):

@@ -234,6 +234,16 @@ def record(validation_id: int, fingerprint: str, result, content: dict, timings:
         checkpoint.save(
             update_fields=["status", "status_message", "content", "updated_at", "verified_at"]
         )
+        if result.status == CheckpointStatus.VERIFIED:
+            # Copies to the storage targets, queued once this verdict is committed.
+            from webapp.domain.replication.policy import on_verified
+
+            transaction.on_commit(lambda: on_verified(checkpoint.pk))
+        from webapp.domain import alerts
+
+        # Corrupt, suspicious or missing, and a save far slower than usual: alerts,
+        # recorded in this transaction, sent after it commits.
+        alerts.on_verdict(checkpoint, validation, previous_status)
         if previous_status != result.status:
             Event.objects.create(
                 project_id=checkpoint.project_id,

@@ -53,7 +53,19 @@ class FileOut(Schema):
     sha256: str
 
 
+class ReplicaFileOut(Schema):
+    path: str
+    size: int
+    sha256: str
+    url: str
+
+
 class ReplicaOut(Schema):
+    """A copy on a storage target. Its credentials are never part of it. A verified
+    replica lists its files with presigned GET URLs (REPLICATION_URL_EXPIRES_S, 1 h), so
+    a client can fetch them with a plain HTTP client and check each sha256."""
+
+    id: int
     target: str
     bucket: str
     prefix: str
@@ -65,6 +77,20 @@ class ReplicaOut(Schema):
     last_error: str
     manifest_key: str
     verified_at: datetime | None
+    progress: dict[str, Any]
+    files: list[ReplicaFileOut] | None
+
+    @staticmethod
+    def resolve_progress(replica) -> dict:
+        return replica.progress()
+
+    @staticmethod
+    def resolve_files(replica):
+        from webapp.domain.replication.restore import replica_files
+
+        if replica.status != ReplicaStatus.VERIFIED:
+            return None
+        return replica_files(replica)
 
     @staticmethod
     def resolve_target(replica) -> str:
@@ -233,6 +259,20 @@ def latest_checkpoint(request, key: str):
     return checkpoint
 
 
+@router.get(
+    "/runs/{path:key}/analytics", auth=read_auth, response={200: dict[str, Any], 404: ErrorOut}
+)
+def run_analytics(request, key: str, mtbf_hours: float | None = None):
+    """What checkpointing costs this run, and the Young and Daly intervals for its
+    checkpoint time and the project's mean time between failures (docs/analytics.md)."""
+    from webapp.domain import analytics
+
+    if mtbf_hours is not None and mtbf_hours <= 0:
+        raise ApiError(400, "mtbf_hours must be > 0")
+    mtbf = mtbf_hours * 3600 if mtbf_hours is not None else None
+    return analytics.for_run(_run(request, key), mtbf_seconds=mtbf).as_dict()
+
+
 @router.get("/runs/{path:key}", auth=read_auth, response={200: RunOut, 404: ErrorOut})
 def get_run(request, key: str):
     return _run(request, key)
@@ -330,3 +370,249 @@ def pin(request, checkpoint_id: int, body: PinIn | None = None):
             "message": "pinned" if pinned else "unpinned",
         },
     )
+
+
+class RestoreTestOut(Schema):
+    checkpoint: int
+    validation: int
+    status: str
+    message: str
+
+
+@router.post(
+    "/checkpoints/{int:checkpoint_id}/restore-test",
+    auth=operate_auth,
+    response={202: RestoreTestOut, 404: ErrorOut, 409: ErrorOut},
+)
+def restore_test(request, checkpoint_id: int):
+    """Prove the checkpoint comes back: download it from a verified replica, verify every
+    file, load it (on a GPU when a GPU worker listens), and time each phase."""
+    from webapp.domain import restore_test as rt
+
+    with transaction.atomic():
+        checkpoint = _checkpoint(request, checkpoint_id)
+        if not checkpoint.replicas.filter(status=ReplicaStatus.VERIFIED).exists():
+            raise ApiError(
+                409,
+                f"checkpoint {checkpoint_id} has no verified replica to restore from; "
+                "replicate it first",
+            )
+        validation = rt.request(checkpoint, requested_by=request.auth.actor)
+    return Status(
+        202,
+        {
+            "checkpoint": checkpoint_id,
+            "validation": validation.pk,
+            "status": validation.status,
+            "message": "restore test queued",
+        },
+    )
+
+
+class ResumeIn(Schema):
+    profile: str
+
+
+class ResumeOut(Schema):
+    id: int
+    run: str
+    checkpoint: int
+    profile: str | None
+    status: str
+    command: str
+    external_id: str
+    error: str
+    new_run: str | None
+    automatic: bool
+    created_at: datetime
+    updated_at: datetime
+    output: str
+
+    @staticmethod
+    def resolve_run(resume) -> str:
+        return resume.run.key
+
+    @staticmethod
+    def resolve_checkpoint(resume) -> int:
+        return resume.checkpoint_id
+
+    @staticmethod
+    def resolve_profile(resume) -> str | None:
+        return resume.profile.name if resume.profile_id else None
+
+    @staticmethod
+    def resolve_new_run(resume) -> str | None:
+        return resume.new_run.key if resume.new_run_id else None
+
+    @staticmethod
+    def resolve_output(resume) -> str:
+        from webapp.domain.resume import output_tail
+
+        return output_tail(resume)
+
+
+@router.post(
+    "/checkpoints/{int:checkpoint_id}/resume",
+    auth=operate_auth,
+    response={202: ResumeOut, 400: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+)
+def resume_from(request, checkpoint_id: int, body: ResumeIn):
+    """Restart the run from this checkpoint with one of the project's launch profiles:
+    the checkpoint is restored from a replica first if its local copy is unusable."""
+    from webapp.domain import resume as resumes
+    from webapp.domain.models import LaunchProfile
+
+    with transaction.atomic():
+        checkpoint = _checkpoint(request, checkpoint_id)
+        profile = LaunchProfile.objects.filter(
+            project=request.auth.project, name=body.profile
+        ).first()
+        if profile is None:
+            raise ApiError(404, f"no launch profile {body.profile!r} in this project")
+        try:
+            resume = resumes.request(checkpoint, profile, actor=request.auth.actor)
+        except resumes.ResumeError as exc:
+            raise ApiError(409, str(exc)) from None
+    return Status(202, resume)
+
+
+def _resume(request, resume_id: int):
+    from webapp.domain.models import Resume
+
+    return get_object_or_404(
+        Resume.objects.select_related("run", "profile", "new_run"),
+        project=request.auth.project,
+        pk=resume_id,
+    )
+
+
+@router.get("/resumes/{int:resume_id}", auth=read_auth, response={200: ResumeOut, 404: ErrorOut})
+def get_resume(request, resume_id: int):
+    return _resume(request, resume_id)
+
+
+@router.post(
+    "/resumes/{int:resume_id}/cancel",
+    auth=operate_auth,
+    response={200: ResumeOut, 404: ErrorOut, 409: ErrorOut},
+)
+def cancel_resume(request, resume_id: int):
+    from webapp.domain import resume as resumes
+
+    resume = _resume(request, resume_id)
+    if resume.status in ("succeeded", "failed", "cancelled"):
+        raise ApiError(409, f"resume {resume_id} has already ended: {resume.status}")
+    from workers.launch import cancel_resume as cancel_task
+
+    # The launch host stops it: the process (or Slurm's client) lives there.
+    cancel_task.apply_async((resume.pk,), queue=resumes.queue_for(resume.profile))
+    return resume
+
+
+class ReplicateIn(Schema):
+    target: str | None = None
+
+
+class ReplicateOut(ActionOut):
+    replicas: list[int]
+
+
+@router.post(
+    "/checkpoints/{int:checkpoint_id}/replicate",
+    auth=operate_auth,
+    response={202: ReplicateOut, 404: ErrorOut, 409: ErrorOut},
+)
+def replicate(request, checkpoint_id: int, body: ReplicateIn | None = None):
+    """Copy the checkpoint to every enabled storage target of the project (or the one
+    named), whatever their policies say. A failed copy is tried again from scratch; a
+    verified copy of the same files is left alone."""
+    from webapp.domain.replication.policy import request as request_replicas
+
+    with transaction.atomic():
+        checkpoint = get_object_or_404(
+            Checkpoint.objects.select_for_update().select_related("project", "run"),
+            project=request.auth.project,
+            pk=checkpoint_id,
+        )
+        if checkpoint.status != CheckpointStatus.VERIFIED:
+            raise ApiError(
+                409,
+                f"checkpoint {checkpoint_id} is {checkpoint.status}; only verified "
+                "checkpoints are copied",
+            )
+        targets = checkpoint.project.storage_targets.filter(enabled=True).order_by("pk")
+        if body is not None and body.target:
+            targets = targets.filter(name=body.target)
+        if not targets:
+            raise ApiError(404, "no enabled storage target of that name in this project")
+        queued = request_replicas(checkpoint, list(targets), by_policy=False)
+        if queued:
+            Event.objects.create(
+                project=checkpoint.project,
+                run=checkpoint.run,
+                type="checkpoint.replication_requested",
+                step=checkpoint.step,
+                time=timezone.now(),
+                actor=request.auth.actor,
+                data={"replicas": queued},
+            )
+    return Status(
+        202,
+        {
+            "checkpoint": checkpoint.pk,
+            "status": checkpoint.status,
+            "message": f"{len(queued)} replica(s) queued" if queued else "already replicated",
+            "replicas": queued,
+        },
+    )
+
+
+class RetentionDecisionOut(Schema):
+    scope: str
+    run: str
+    step: int
+    checkpoint_id: int
+    delete: bool
+    reasons: list[str]
+    replica_id: int | None
+    target: str | None
+
+
+class RetentionPlanOut(Schema):
+    local: list[RetentionDecisionOut]
+    replicas: list[RetentionDecisionOut]
+
+
+@router.get("/retention", auth=read_auth, response={200: RetentionPlanOut, 404: ErrorOut})
+def retention_plan(request, run: str | None = None):
+    """The dry run of the project's retention policies: every checkpoint (local copies)
+    and replica, whether it would be deleted, and why."""
+    from webapp.domain import retention
+
+    run_row = _run(request, run) if run else None
+    project = request.auth.project
+    return {
+        "local": [d.as_dict() for d in retention.plan(project, "local", run_row)],
+        "replicas": [d.as_dict() for d in retention.plan(project, "replicas", run_row)],
+    }
+
+
+class QueuedOut(Schema):
+    message: str
+
+
+@router.post("/retention/apply", auth=operate_auth, response={202: QueuedOut})
+def retention_apply(request):
+    """Carry the policies out, on a worker that sees the checkpoint files (the validate
+    queue); each deletion is recorded in the event log."""
+    from workers.retention import apply_project
+
+    project = request.auth.project
+    Event.objects.create(
+        project=project,
+        type="retention.requested",
+        time=timezone.now(),
+        actor=request.auth.actor,
+    )
+    transaction.on_commit(lambda: apply_project.delay(project.pk))
+    return Status(202, {"message": "queued"})

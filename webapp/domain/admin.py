@@ -1,15 +1,19 @@
 from django.contrib import admin
 
 from webapp.domain.models import (
+    AlertChannel,
     ApiToken,
     Checkpoint,
     CheckpointFile,
     Event,
+    Flip,
     LaunchProfile,
     Membership,
+    Notification,
     Project,
     Replica,
     Resume,
+    RetentionPolicy,
     Run,
     StorageTarget,
     Validation,
@@ -99,5 +103,39 @@ class EventAdmin(admin.ModelAdmin):
     raw_id_fields = ("run",)
 
 
-admin.site.register(StorageTarget)
+@admin.register(StorageTarget)
+class StorageTargetAdmin(admin.ModelAdmin):
+    # credentials_ref names environment variables on the workers; no secret is stored.
+    list_display = ("name", "project", "bucket", "prefix", "endpoint_url", "policy", "enabled")
+    list_filter = ("project", "policy", "enabled")
+
+
+@admin.register(RetentionPolicy)
+class RetentionPolicyAdmin(admin.ModelAdmin):
+    list_display = (
+        "project", "applies_to", "keep_last", "keep_best", "metric", "keep_every_n_steps",
+        "enabled",
+    )  # fmt: skip
+    list_filter = ("applies_to", "enabled")
+
+
 admin.site.register(LaunchProfile)
+
+
+@admin.register(AlertChannel)
+class AlertChannelAdmin(admin.ModelAdmin):
+    list_display = ("name", "project", "kind", "target", "kinds", "enabled")
+    list_filter = ("kind", "enabled")
+
+
+class NotificationInline(admin.TabularInline):
+    model = Notification
+    extra = 0
+    readonly_fields = ("channel", "status", "attempts", "last_error", "sent_at")
+
+
+@admin.register(Flip)
+class FlipAdmin(admin.ModelAdmin):
+    list_display = ("kind", "project", "run", "message", "created_at", "processed_at")
+    list_filter = ("kind",)
+    inlines = [NotificationInline]

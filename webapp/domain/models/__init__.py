@@ -1,6 +1,7 @@
 """The domain of docs/design.md: projects and their access, runs, checkpoints and what
 happened to them."""
 
+from webapp.domain.models.alerts import AlertChannel, Flip, Notification
 from webapp.domain.models.checkpoints import Checkpoint, CheckpointFile, MetricPoint
 from webapp.domain.models.events import Event
 from webapp.domain.models.projects import (
@@ -11,19 +12,24 @@ from webapp.domain.models.projects import (
     StorageTarget,
 )
 from webapp.domain.models.recovery import Replica, Resume, Validation
+from webapp.domain.models.retention import RetentionPolicy
 from webapp.domain.models.runs import Run
 
 __all__ = [
+    "AlertChannel",
     "ApiToken",
     "Checkpoint",
     "CheckpointFile",
     "Event",
+    "Flip",
     "LaunchProfile",
     "Membership",
     "MetricPoint",
+    "Notification",
     "Project",
     "Replica",
     "Resume",
+    "RetentionPolicy",
     "Run",
     "StorageTarget",
     "Validation",

@@ -47,6 +47,18 @@ class Project(models.Model):
     slug = models.SlugField(max_length=100, unique=True)
     # The only directories workers may read checkpoints from (absolute paths).
     allowed_roots = models.JSONField(default=list, blank=True, validators=[validate_allowed_roots])
+    # Alerts: storage.over_quota when its checkpoints keep more bytes than this.
+    storage_quota_bytes = models.BigIntegerField(null=True, blank=True)
+    over_quota = models.BooleanField(default=False)
+    # Restore tests' deeper levels (webapp/domain/deep_checks.py): {"forward": "pkg.mod:fn",
+    # "replay": "pkg.mod:fn", "replay_steps": 5, "replay_rtol": 1e-4}.
+    restore_checks = models.JSONField(default=dict, blank=True)
+    # Automatic resume of failed or silent runs (webapp/domain/resume.py), at most
+    # max_restarts times along a lineage.
+    auto_resume_profile = models.ForeignKey(
+        "domain.LaunchProfile", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    max_restarts = models.PositiveIntegerField(default=3)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -150,6 +162,14 @@ class ApiToken(models.Model):
         return f"token:{self.name}"
 
 
+class ReplicationPolicy(models.TextChoices):
+    ALL = "all", "Every verified checkpoint"
+    BEST = "best", "A new best by a metric"
+    EVERY_N = "every_n", "Every Nth step"
+    LATEST = "latest", "The latest verified (newer than any copied)"
+    MANUAL = "manual", "Only when asked"
+
+
 class StorageTarget(models.Model):
     """An S3 bucket (and prefix) that replicas of this project's checkpoints go to.
     Credentials are named by reference (an environment variable prefix on the workers),
@@ -169,6 +189,21 @@ class StorageTarget(models.Model):
         "S3_BACKUP_ACCESS_KEY_ID and S3_BACKUP_SECRET_ACCESS_KEY.",
     )
     enabled = models.BooleanField(default=True)
+    # Which verified checkpoints are copied here (webapp.domain.replication.policy).
+    policy = models.CharField(
+        max_length=16, choices=ReplicationPolicy.choices, default=ReplicationPolicy.ALL
+    )
+    policy_metric = models.CharField(
+        max_length=100, blank=True, help_text="For 'best': the metric to compare, e.g. loss."
+    )
+    policy_mode = models.CharField(
+        max_length=3,
+        choices=[("min", "lower is better"), ("max", "higher is better")],
+        default="min",
+    )
+    policy_every_n = models.PositiveIntegerField(
+        default=1, help_text="For 'every_n': copy checkpoints whose step is a multiple of this."
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -139,6 +139,11 @@ class Run(models.Model):
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     last_step = models.BigIntegerField(null=True, blank=True)
     last_metrics = models.JSONField(default=dict, blank=True)
+    # What the alerts last said about it (up, overdue, failed, ended): a change of this
+    # column, made with a conditional UPDATE, is what records an alert once.
+    alert_state = models.CharField(max_length=16, blank=True, default="")
+    # expected_interval_s was learned from the checkpoints, not sent by the job.
+    interval_learned = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = RunQuerySet.as_manager()

@@ -1,0 +1,165 @@
+"""Time to recover a checkpoint from S3, beside plain boto3 + torch.load in the same run.
+
+    .venv/bin/python bench/restore.py                 # a 1 GiB torch checkpoint, 3 rounds
+    .venv/bin/python bench/restore.py --size-mib 256 --rounds 5
+
+Setup: a torch checkpoint of --size-mib MiB (a state dict of 64 MiB float32 tensors) is
+written, recorded as a verified checkpoint (on a scratch SQLite) and replicated to the
+S3 server at :8333 (S3_ENDPOINT_URL) by the real replicate task. Then, alternated round
+by round:
+
+  boto3      client.download_file(bucket, key, path) of the replica's object, then
+             torch.load(path, weights_only=True): no checksum, nothing else
+  lifeboat   a restore test as the restore worker runs it (webapp/domain/restore_test.py):
+             the manifest read, every file downloaded and its sha256 checked in the same
+             pass, the load in a child process (weights_only), every tensor moved to the
+             device (the GPU when there is one), timings written to the database
+
+The page cache is dropped of the downloaded file between phases (it is deleted). Target
+(issue #6): lifeboat <= 1.3x boto3's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+MiB = 1024 * 1024
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--endpoint", default=os.environ.get("S3_ENDPOINT_URL", "http://127.0.0.1:8333")
+    )
+    args = parser.parse_args()
+    bucket = f"bench-restore-{uuid.uuid4().hex[:6]}"
+    work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-restore-", dir=ROOT / "var"))
+    os.environ.setdefault("S3_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("S3_SECRET_ACCESS_KEY", "bench-secret")
+    os.environ["S3_ENDPOINT_URL"] = args.endpoint
+    os.environ["LIFEBOAT_SCRATCH_DIR"] = str(work / "scratch")
+    from bench.replicate import setup_django
+
+    setup_django(work / "var")
+    import boto3
+    import torch
+
+    from webapp.domain import restore_test
+    from webapp.domain.models import (
+        Checkpoint,
+        CheckpointFile,
+        Project,
+        Replica,
+        Run,
+        StorageTarget,
+        Validation,
+    )
+    from webapp.domain.replication.download import _sha256_of
+    from workers.replicate import replicate
+
+    client = boto3.client(
+        "s3", endpoint_url=args.endpoint, region_name="us-east-1",
+        aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"],
+    )  # fmt: skip
+    client.create_bucket(Bucket=bucket)
+    directory = work / "ckpt"
+    directory.mkdir()
+    path = directory / "model.pt"
+    print(f"writing a {args.size_mib} MiB torch checkpoint ...", flush=True)
+    generator = torch.Generator().manual_seed(0)
+    state = {
+        f"layer{i}.weight": torch.randn(16 * MiB, generator=generator)
+        for i in range(max(1, args.size_mib // 64))
+    }
+    torch.save(state, path)
+    del state
+    size = path.stat().st_size
+    sha = _sha256_of(path)
+    project = Project.objects.create(name="bench", slug="bench", allowed_roots=[str(work)])
+    run = Run.objects.create(project=project, key="bench")
+    checkpoint = Checkpoint.objects.create(
+        project=project, run=run, step=1, location=str(path), total_size=size,
+        file_count=1, status="verified",
+    )  # fmt: skip
+    CheckpointFile.objects.create(checkpoint=checkpoint, path="model.pt", size=size, sha256=sha)
+    target = StorageTarget.objects.create(
+        project=project, name="bench", bucket=bucket, prefix="restore", endpoint_url=args.endpoint
+    )
+    replica = Replica.objects.create(checkpoint=checkpoint, target=target)
+    print("replicating it ...", flush=True)
+    if replicate(replica.pk) != "verified":
+        replica.refresh_from_db()
+        print(f"replication failed: {replica.last_error}")
+        return 1
+    replica.refresh_from_db()
+    key = replica.files[0]["key"]
+    results: dict[str, list[float]] = {"boto3": [], "lifeboat": []}
+    phases: list[dict] = []
+    load_before = os.getloadavg()
+    try:
+        for round_ in range(args.rounds):
+            target_path = work / "boto3" / "model.pt"
+            target_path.parent.mkdir(exist_ok=True)
+            start = time.perf_counter()
+            client.download_file(bucket, key, str(target_path))
+            loaded = torch.load(target_path, weights_only=True)
+            results["boto3"].append(time.perf_counter() - start)
+            del loaded
+            shutil.rmtree(target_path.parent)
+
+            validation = Validation.objects.create(checkpoint=checkpoint, kind="restore")
+            start = time.perf_counter()
+            outcome = restore_test.run(validation.pk)
+            results["lifeboat"].append(time.perf_counter() - start)
+            validation.refresh_from_db()
+            if outcome != "passed":
+                print(f"the restore test did not pass: {validation.message}")
+                return 1
+            phases.append(validation.timings)
+            print(
+                f"round {round_ + 1}: boto3 {results['boto3'][-1]:.2f} s, lifeboat "
+                f"{results['lifeboat'][-1]:.2f} s ({validation.device})",
+                flush=True,
+            )
+    finally:
+        try:
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+                for item in page.get("Contents", []):
+                    client.delete_object(Bucket=bucket, Key=item["Key"])
+            client.delete_bucket(Bucket=bucket)
+        except Exception as exc:  # noqa: BLE001
+            print(f"(could not remove the bench bucket: {exc})")
+        shutil.rmtree(work, ignore_errors=True)
+    load_after = os.getloadavg()
+    boto3_s = statistics.median(results["boto3"])
+    lifeboat_s = statistics.median(results["lifeboat"])
+    print()
+    print(f"{size / MiB:.0f} MiB checkpoint, {args.rounds} rounds, S3 at {args.endpoint}, "
+          f"{os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, "
+          f"{load_after[0]:.2f} after")  # fmt: skip
+    print(f"{'':34} {'median s':>9} {'MiB/s':>7} {'x boto3':>8}")
+    print(f"{'boto3 download_file + torch.load':34} {boto3_s:9.2f} {size / MiB / boto3_s:7.0f} "
+          f"{1.0:8.2f}")  # fmt: skip
+    print(f"{'lifeboat restore test':34} {lifeboat_s:9.2f} {size / MiB / lifeboat_s:7.0f} "
+          f"{lifeboat_s / boto3_s:8.2f}")  # fmt: skip
+    for name in ("download_verify_s", "load_s", "to_device_s"):
+        print(f"  {name:32} {statistics.median(p[name] for p in phases):9.2f}")
+    print("target: lifeboat <= 1.3x boto3's time")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Structured logs: a real Celery worker's lines for a validation carry the task, the run
+and the checkpoint ids, as JSON when LOG_FORMAT=json."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, saved, wait_for
+from webapp.domain.models import Checkpoint
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+
+def test_every_line_of_a_task_carries_its_run_and_checkpoint(
+    api, token, project, tmp_path, worker_env, queues
+):
+    project.allowed_roots = [str(tmp_path)]
+    project.save()
+    data = b"weights" * 1000
+    (tmp_path / "model.bin").write_bytes(data)
+    files = [{"path": "model.bin", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}]
+    log_path = tmp_path / "worker.log"
+    with log_path.open("w") as log:
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers",
+                "worker",
+                "-Q",
+                "validate",
+                "-P",
+                "solo",
+                "-l",
+                "info",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            cwd=ROOT,
+            env={**worker_env, "LOG_FORMAT": "json"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for(lambda: "ready." in log_path.read_text(), 60, 0.2)
+            body = saved(location=str(tmp_path), files=files)
+            assert api.post_events(token, body).status_code == 202
+            checkpoint = Checkpoint.objects.get()
+            wait_for(lambda: Checkpoint.objects.get().status == "verified", 60, 0.2)
+            wait_for(lambda: "succeeded" in log_path.read_text(), 10, 0.2)
+        finally:
+            worker.terminate()
+            worker.wait(20)
+
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    task_lines = [
+        line for line in lines if line.get("task") == "workers.validate.validate_checkpoint"
+    ]
+    assert task_lines, log_path.read_text()
+    for line in task_lines:
+        assert line["checkpoint_id"] == checkpoint.pk
+        assert line["run_id"] == checkpoint.run_id
+        assert line["task_id"]
+    assert any("succeeded" in line["message"] for line in task_lines)
+    # Lines outside a task carry no stale ids.
+    assert any(line["message"].endswith("ready.") and "checkpoint_id" not in line for line in lines)

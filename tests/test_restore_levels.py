@@ -1,0 +1,194 @@
+"""The deeper restore-test levels with examples/train_digits.py: the forward pass fails
+for a checkpoint whose keys do not fit the model; the replay passes for the run's own
+checkpoint and fails for one from another run. And automatic resume, at most N times."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, event, queued_tasks
+from webapp.domain import alerts
+from webapp.domain import restore_test as rt
+from webapp.domain.models import Checkpoint, Event, LaunchProfile, Resume, Run, StorageTarget
+from webapp.domain.replication import policy
+from workers.replicate import replicate
+from workers.validate import validate_checkpoint
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHECKS = {
+    "forward": "examples.digits_checks:forward",
+    "replay": "examples.digits_checks:replay",
+    "replay_steps": 5,
+}
+
+
+def train(server, token, tmp_path, run: str, seed: int) -> None:
+    env = {
+        "LIFEBOAT_URL": server.url,
+        "LIFEBOAT_TOKEN": token,
+        "LIFEBOAT_SPOOL_DIR": str(tmp_path / "spool"),
+        "PATH": "/usr/bin:/bin",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "examples/train_digits.py",
+            "--run",
+            run,
+            "--epochs",
+            "2",
+            "--seed",
+            str(seed),
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def verified_with_replica(checkpoint, project, s3) -> Checkpoint:
+    validate_checkpoint(checkpoint.pk)
+    checkpoint.refresh_from_db()
+    assert checkpoint.status == "verified", checkpoint.status_message
+    target, _ = StorageTarget.objects.get_or_create(
+        project=project,
+        name="backup",
+        defaults={
+            "bucket": s3.bucket,
+            "prefix": f"levels-{uuid.uuid4().hex[:6]}",
+            "endpoint_url": s3.endpoint,
+        },
+    )
+    (replica_id,) = policy.request(checkpoint, [target], by_policy=False)
+    assert replicate(replica_id) == "verified"
+    return checkpoint
+
+
+@pytest.fixture
+def digits(server, s3, token, project, tmp_path, settings):
+    settings.SCRATCH_DIR = tmp_path / "scratch"
+    project.allowed_roots = [str(tmp_path / "ckpt")]
+    project.restore_checks = CHECKS
+    project.save()
+    train(server, token, tmp_path, "digits", seed=0)
+    return Checkpoint.objects.get(run__key="digits", step=23)
+
+
+def restore(checkpoint) -> tuple[str, object]:
+    validation = rt.request(checkpoint)
+    outcome = rt.run(validation.pk)
+    validation.refresh_from_db()
+    return outcome, validation
+
+
+def test_the_run_s_own_checkpoint_passes_forward_and_replay(digits, project, s3, queues):
+    checkpoint = verified_with_replica(digits, project, s3)
+    outcome, validation = restore(checkpoint)
+    assert outcome == "passed", validation.message
+    assert "Forward: loads strictly into the model and its forward pass is finite" in (
+        validation.message
+    )
+    assert "Replay: 5 steps (24-28) replayed; the largest difference is" in validation.message
+    assert validation.timings["forward_s"] > 0 and validation.timings["replay_s"] > 0
+    assert [level["level"] for level in validation.findings] == ["forward", "replay"]
+
+
+def test_a_checkpoint_from_another_run_fails_the_replay(
+    digits, server, token, project, s3, tmp_path, queues
+):
+    train(server, token, tmp_path, "other", seed=1)
+    # The other run's step-23 file, reported as this run's step 23 (a wrong path, a
+    # mixed-up directory): it loads, it is finite, but training does not follow this run.
+    Checkpoint.objects.filter(pk=digits.pk).delete()
+    stranger = Checkpoint.objects.get(run__key="other", step=23)
+    Checkpoint.objects.filter(pk=stranger.pk).update(run=Run.objects.get(key="digits"))
+    stranger = verified_with_replica(Checkpoint.objects.get(pk=stranger.pk), project, s3)
+    outcome, validation = restore(stranger)
+    assert outcome == "failed"
+    assert "the replay check failed: the resumed training does not follow the run" in (
+        validation.message
+    )
+    assert "forward" not in validation.message.split("failed:")[0]
+
+
+def test_a_checkpoint_whose_keys_do_not_fit_the_model_fails_forward(
+    digits, project, s3, tmp_path, queues
+):
+    project.restore_checks = {"forward": CHECKS["forward"]}
+    project.save()
+    path = tmp_path / "ckpt" / "digits" / "epoch-000-step-23.pt"
+    state = torch.load(path, weights_only=True)
+    state["model"]["head.3.weight_renamed"] = state["model"].pop("head.3.weight")
+    torch.save(state, path)
+    from tests.test_validation import file_entry
+
+    entry = file_entry(path, path.name)
+    digits.files.update(size=entry["size"], sha256=entry["sha256"])
+    Checkpoint.objects.filter(pk=digits.pk).update(total_size=entry["size"])
+    checkpoint = verified_with_replica(Checkpoint.objects.get(pk=digits.pk), project, s3)
+    outcome, validation = restore(checkpoint)
+    assert outcome == "failed"
+    assert "the forward check failed: the checkpoint does not fit the model" in validation.message
+    assert "head.3.weight" in validation.message
+
+
+def test_a_failed_run_is_resumed_automatically_at_most_n_times(api, token, project, queues):
+    profile = LaunchProfile.objects.create(
+        project=project, name="auto", kind="local", command_template="echo {{checkpoint_id}}"
+    )
+    project.auto_resume_profile, project.max_restarts = profile, 1
+    project.save()
+    from tests.conftest import saved
+
+    assert (
+        api.post_events(
+            token,
+            {
+                "events": [
+                    event("run.started", run="job"),
+                    saved(run="job", step=10, t=1),
+                    event("run.failed", run="job", t=2, exit_code=1, error="NCCL timeout"),
+                ]
+            },
+        ).status_code
+        == 202
+    )
+    checkpoint = Checkpoint.objects.get()
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(status="verified")
+    assert [f.kind for f in alerts.check_runs()] == ["run.failed"]
+    (resume,) = Resume.objects.all()
+    assert resume.automatic and resume.checkpoint_id == checkpoint.pk
+    assert [t["task"] for t in queued_tasks(queues, "launch")] == ["workers.launch.launch_resume"]
+    # The resumed job fails as well: the lineage has used its one restart.
+    assert (
+        api.post_events(
+            token,
+            {
+                "events": [
+                    event(
+                        "run.started",
+                        run=f"job-resume-{resume.pk}",
+                        t=3,
+                        resumed_from=checkpoint.pk,
+                    ),
+                    event("run.failed", run=f"job-resume-{resume.pk}", t=4, exit_code=1),
+                ]
+            },
+        ).status_code
+        == 202
+    )
+    assert [f.kind for f in alerts.check_runs()] == ["run.failed"]
+    assert Resume.objects.count() == 1
+    skipped = Event.objects.get(type="resume.skipped")
+    assert "resumed automatically 1 times already (max 1)" in skipped.message

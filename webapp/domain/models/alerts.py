@@ -1,0 +1,120 @@
+"""Alerts: a status change worth telling someone about is recorded once (a Flip), then
+sent once per channel (a Notification), with every attempt kept (healthchecks' model)."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class AlertKind(models.TextChoices):
+    RUN_OVERDUE = "run.overdue", "Run overdue (no checkpoint or heartbeat in time)"
+    RUN_UP = "run.up", "Run back on time"
+    RUN_FAILED = "run.failed", "Run failed"
+    CHECKPOINT_CORRUPT = "checkpoint.corrupt", "Checkpoint corrupt"
+    CHECKPOINT_SUSPICIOUS = "checkpoint.suspicious", "Checkpoint suspicious"
+    CHECKPOINT_MISSING = "checkpoint.missing", "Checkpoint missing"
+    REPLICA_FAILED = "replica.failed", "Replica failed after its retries"
+    RESTORE_FAILED = "restore.failed", "Restore test failed"
+    SAVE_SLOW = "save.slow", "A save took far longer than usual"
+    STORAGE_OVER_QUOTA = "storage.over_quota", "Storage over the project's quota"
+
+
+class ChannelKind(models.TextChoices):
+    WEBHOOK = "webhook", "Webhook (JSON, Slack-compatible)"
+    EMAIL = "email", "E-mail"
+
+
+class AlertChannel(models.Model):
+    project = models.ForeignKey(
+        "domain.Project", on_delete=models.CASCADE, related_name="alert_channels"
+    )
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=ChannelKind.choices)
+    # A URL for a webhook; one or more addresses, comma-separated, for e-mail.
+    target = models.TextField()
+    # The alert kinds it wants; empty means all of them.
+    kinds = models.JSONField(default=list, blank=True)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "name"], name="alert_channel_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+    def wants(self, kind: str) -> bool:
+        return self.enabled and (not self.kinds or kind in self.kinds)
+
+
+class Flip(models.Model):
+    """One status change, recorded once: `key` is unique, so a second worker (or a second
+    run of the same task) that sees the same change inserts nothing."""
+
+    project = models.ForeignKey("domain.Project", on_delete=models.CASCADE, related_name="flips")
+    run = models.ForeignKey(
+        "domain.Run", null=True, blank=True, on_delete=models.CASCADE, related_name="flips"
+    )
+    checkpoint = models.ForeignKey(
+        "domain.Checkpoint", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    kind = models.CharField(max_length=32, choices=AlertKind.choices)
+    key = models.CharField(max_length=200, unique=True)
+    message = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    processed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # process_flips' queue: the unprocessed ones, oldest first.
+            models.Index(
+                fields=["created_at"],
+                name="flip_unprocessed",
+                condition=models.Q(processed_at__isnull=True),
+            ),
+            models.Index(fields=["project", "-created_at"], name="flip_project_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message[:60]}"
+
+
+class NotificationStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SENT = "sent", "Sent"
+    FAILED = "failed", "Failed"
+
+
+class Notification(models.Model):
+    flip = models.ForeignKey(Flip, on_delete=models.CASCADE, related_name="notifications")
+    channel = models.ForeignKey(
+        AlertChannel, on_delete=models.CASCADE, related_name="notifications"
+    )
+    status = models.CharField(
+        max_length=16, choices=NotificationStatus.choices, default=NotificationStatus.PENDING
+    )
+    # Every attempt: [{"at", "ok", "status" (HTTP), "error"}], for the UI.
+    attempts = models.JSONField(default=list, blank=True)
+    last_error = models.TextField(blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["flip", "channel"], name="notification_unique")
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                name="notification_pending",
+                condition=models.Q(status="pending"),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.flip_id} to {self.channel_id}: {self.status}"

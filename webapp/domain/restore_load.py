@@ -1,0 +1,108 @@
+"""The load phase of a restore test, in a child process (see restore_test.py).
+
+Reads {"base": dir, "files": [relative paths], "device": "auto" | "cpu" | "cuda"} as JSON
+on stdin and writes one JSON object on stdout:
+
+    {"device": "cuda:0 (NVIDIA H200)" | "cpu", "tensors": int, "bytes": int,
+     "load_s": float, "to_device_s": float | None, "peak_host_bytes": int,
+     "peak_device_bytes": int | None, "loaded": [files], "skipped": [files],
+     "error": str | None}
+
+Torch files are read with torch.load(weights_only=True): nothing is ever unpickled with
+arbitrary globals. Safetensors files with safetensors. Every tensor then goes to the
+device (the GPU when there is one), synchronised, so `to_device_s` is the real
+host-to-device time. This module imports torch, never Django.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+
+TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
+
+
+def _tensors(obj, out: list) -> None:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _tensors(value, out)
+    elif isinstance(obj, list | tuple):
+        for value in obj:
+            _tensors(value, out)
+
+
+def _is_torch(path: str) -> bool:
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    # zip (torch >= 1.6) or the legacy pickle protocol 2 magic.
+    return head.startswith(b"PK\x03\x04") or head[:2] == b"\x80\x02"
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+    import torch
+
+    wanted = request.get("device", "auto")
+    use_cuda = torch.cuda.is_available() and wanted in ("auto", "cuda")
+    device = torch.device("cuda:0" if use_cuda else "cpu")
+    name = f"cuda:0 ({torch.cuda.get_device_name(0)})" if use_cuda else "cpu"
+    result = {
+        "device": name,
+        "tensors": 0,
+        "bytes": 0,
+        "loaded": [],
+        "skipped": [],
+        "load_s": 0.0,
+        "to_device_s": None,
+        "peak_device_bytes": None,
+        "error": None,
+    }
+    tensors: list = []
+    started = time.perf_counter()
+    try:
+        for rel in request["files"]:
+            full = os.path.join(request["base"], rel)
+            if rel.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                _tensors(load_file(full, device="cpu"), tensors)
+            elif rel.endswith(TORCH_SUFFIXES) and _is_torch(full):
+                _tensors(torch.load(full, map_location="cpu", weights_only=True), tensors)
+            else:
+                result["skipped"].append(rel)
+                continue
+            result["loaded"].append(rel)
+        result["load_s"] = time.perf_counter() - started
+        result["tensors"] = len(tensors)
+        result["bytes"] = sum(t.numel() * t.element_size() for t in tensors)
+        moved = time.perf_counter()
+        if use_cuda:
+            torch.cuda.reset_peak_memory_stats()
+            on_device = [t.to(device, non_blocking=True) for t in tensors]
+            torch.cuda.synchronize()
+            result["peak_device_bytes"] = torch.cuda.max_memory_allocated()
+            del on_device
+        else:
+            # On the CPU the tensors are already where they will be used.
+            on_device = [t.to(device) for t in tensors]
+            del on_device
+        result["to_device_s"] = time.perf_counter() - moved
+    except Exception as exc:  # noqa: BLE001 (reported to the parent, which decides)
+        result["error"] = (
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:500] if str(exc) else ''}"
+        )
+    # ru_maxrss is in KiB on Linux.
+    result["peak_host_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    json.dump(result, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

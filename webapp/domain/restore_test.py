@@ -1,0 +1,455 @@
+"""Restore tests: prove that a checkpoint comes back, and measure how long that takes.
+
+A restore test fetches the checkpoint from a verified replica (never the local copy:
+the local copy is what dies with the cluster), verifies every file's sha256 as it
+arrives, loads it in a child process (webapp/domain/restore_load.py) and moves every
+tensor to the device: the GPU when the worker has one. Each phase is timed, with peak
+memory and the device; the total is the measured time to recover, shown on the
+dashboard and used by the analytics (docs/analytics.md).
+
+It is a Validation of kind "restore". Workers started with a GPU listen on the `gpu`
+queue and say so in Redis (mark_gpu_worker); restore tests go there while one is alive,
+else to the `restore` queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+GPU_WORKER_KEY = "lifeboat:gpu-worker:"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+# -- where it runs ---------------------------------------------------------------------------
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2)
+
+
+def mark_gpu_worker(hostname: str, ttl_s: int = 120) -> None:
+    _redis().set(GPU_WORKER_KEY + hostname, "1", ex=ttl_s)
+
+
+def gpu_worker_alive() -> bool:
+    try:
+        return next(_redis().scan_iter(GPU_WORKER_KEY + "*", count=100), None) is not None
+    except redis.RedisError:
+        return False
+
+
+def has_gpu() -> bool:
+    """Whether this host has an NVIDIA GPU, without importing torch in the worker."""
+    return os.path.exists("/dev/nvidiactl") or bool(os.environ.get("LIFEBOAT_FORCE_GPU"))
+
+
+# -- asking for one ----------------------------------------------------------------------------
+
+
+def request(checkpoint, requested_by: str = ""):
+    """Queue a restore test of `checkpoint` after the caller's transaction commits, unless
+    one is already queued or running. Returns the Validation."""
+    from webapp.domain.models import Validation
+    from webapp.domain.models.recovery import ValidationKind, ValidationStatus
+
+    existing = Validation.objects.filter(
+        checkpoint=checkpoint,
+        kind=ValidationKind.RESTORE,
+        status__in=(ValidationStatus.QUEUED, ValidationStatus.RUNNING),
+    ).first()
+    if existing is not None:
+        return existing
+    validation = Validation.objects.create(
+        checkpoint=checkpoint, kind=ValidationKind.RESTORE, requested_by=requested_by
+    )
+    transaction.on_commit(lambda: enqueue(validation.pk))
+    return validation
+
+
+def enqueue(validation_id: int) -> str:
+    from workers.restore import restore_test
+
+    queue = "gpu" if gpu_worker_alive() else "restore"
+    try:
+        restore_test.apply_async((validation_id,), queue=queue)
+    except Exception:  # noqa: BLE001 (the hourly schedule requeues what is stuck)
+        log.warning("could not enqueue restore test %s", validation_id)
+    return queue
+
+
+def schedule(now=None) -> list[int]:
+    """The latest verified checkpoint (with a verified replica) of every active run gets a
+    restore test if it had none in RESTORE_TEST_EVERY_S. Returns the validation ids."""
+    from webapp.domain.models import Checkpoint, Run, Validation
+    from webapp.domain.models.recovery import ReplicaStatus, ValidationKind, ValidationStatus
+
+    now = now or timezone.now()
+    every = timedelta(seconds=settings.RESTORE_TEST_EVERY_S)
+    active = Run.objects.filter(last_seen_at__gte=now - timedelta(days=1)) | Run.objects.filter(
+        status="running"
+    )
+    queued = []
+    for run in active.distinct():
+        checkpoint = (
+            Checkpoint.objects.filter(
+                run=run, status="verified", replicas__status=ReplicaStatus.VERIFIED
+            )
+            .order_by("-step")
+            .first()
+        )
+        if checkpoint is None:
+            continue
+        recent = Validation.objects.filter(
+            checkpoint=checkpoint, kind=ValidationKind.RESTORE, created_at__gte=now - every
+        ).exclude(status=ValidationStatus.ERROR)
+        if recent.exists():
+            continue
+        with transaction.atomic():
+            queued.append(request(checkpoint, requested_by="schedule").pk)
+    # Stuck: queued for an hour (a lost message) or running past the timeout (a dead
+    # worker): put them back.
+    stale = Validation.objects.filter(
+        kind=ValidationKind.RESTORE,
+        status=ValidationStatus.QUEUED,
+        created_at__lt=now - timedelta(hours=1),
+    ).values_list("pk", flat=True)
+    for validation_id in stale:
+        enqueue(validation_id)
+    return queued
+
+
+# -- doing one ----------------------------------------------------------------------------------
+
+
+def claim(validation_id: int):
+    """Take the test: queued, or running past its lease (the worker died). None if another
+    worker has it or it is settled: then there is nothing to do."""
+    from webapp.domain.models import Validation
+    from webapp.domain.models.recovery import ValidationStatus
+
+    now = timezone.now()
+    lease = now - timedelta(seconds=settings.VALIDATION_TIMEOUT_S + 600)
+    claimable = Validation.objects.filter(pk=validation_id, kind="restore").filter(
+        status=ValidationStatus.QUEUED
+    ) | Validation.objects.filter(
+        pk=validation_id, kind="restore", status=ValidationStatus.RUNNING, started_at__lt=lease
+    )
+    taken = claimable.update(
+        status=ValidationStatus.RUNNING,
+        started_at=now,
+        worker=socket.gethostname(),
+        bytes_done=0,
+    )
+    if taken != 1:
+        return None
+    return Validation.objects.select_related("checkpoint__run", "checkpoint__project").get(
+        pk=validation_id
+    )
+
+
+def _finish(validation, status: str, message: str, timings: dict, findings=None, device=""):
+    from webapp.domain.models import Event
+
+    validation.status = status
+    validation.message = message
+    validation.timings = timings
+    validation.findings = findings or []
+    validation.device = device
+    validation.finished_at = timezone.now()
+    # Not bytes_done: the progress callback writes that column directly.
+    validation.save(
+        update_fields=["status", "message", "timings", "findings", "device", "finished_at"]
+    )
+    checkpoint = validation.checkpoint
+    Event.objects.create(
+        project_id=checkpoint.project_id,
+        run_id=checkpoint.run_id,
+        type=f"restore_test.{status}",
+        step=checkpoint.step,
+        time=validation.finished_at,
+        actor=f"worker:{validation.worker}",
+        message=message,
+        data={"validation": validation.pk, "timings": timings, "device": device},
+    )
+    if status in ("failed", "error"):
+        _alert(validation, message)
+    return status
+
+
+def _alert(validation, message: str) -> None:
+    try:
+        from webapp.domain import alerts
+
+        checkpoint = validation.checkpoint
+        alerts.record(
+            "restore.failed",
+            f"restore.failed:{validation.pk}",
+            f"Restore test of step {checkpoint.step} of run {checkpoint.run.key} failed: "
+            f"{message[:500]}",
+            project_id=checkpoint.project_id,
+            run_id=checkpoint.run_id,
+            checkpoint_id=checkpoint.pk,
+        )
+    except Exception:  # noqa: BLE001 (an alert must never hide the verdict)
+        log.exception("could not record the restore.failed alert")
+
+
+def _child_load(base: Path, files: list[str]) -> dict:
+    from webapp.domain.validation.inspector import apply_limits, child_env
+
+    largest = max((os.path.getsize(base / f) for f in files), default=0)
+    gpu = has_gpu()
+    # CUDA reserves far more address space than it uses, so a GPU child is bounded by
+    # the timeout only; a CPU child also by memory, like the validation's load check.
+    limit = None if gpu else settings.VALIDATION_MEMORY_BYTES + 2 * largest
+    process = subprocess.run(
+        [sys.executable, "-m", "webapp.domain.restore_load"],
+        input=json.dumps({"base": str(base), "files": files, "device": "auto"}),
+        capture_output=True,
+        text=True,
+        timeout=settings.VALIDATION_TIMEOUT_S,
+        env={**child_env(), "PYTHONPATH": str(settings.BASE_DIR)},
+        cwd=settings.BASE_DIR,
+        preexec_fn=(lambda: apply_limits(limit)) if limit else None,
+    )
+    if process.returncode != 0 or not process.stdout.strip():
+        tail = process.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"the load child exited with {process.returncode}: {tail[0][:300]}")
+    return json.loads(process.stdout)
+
+
+def _main_file(scratch: Path, files: list[str], configured: str | None) -> Path:
+    """The file the deeper levels load: the only one, the configured one, or the
+    largest torch file of a directory checkpoint."""
+    if len(files) == 1:
+        return scratch / files[0]
+    if configured:
+        return scratch / configured
+    torch_files = [f for f in files if f.endswith((".pt", ".pth", ".ckpt", ".bin"))]
+    return scratch / max(torch_files or files, key=lambda f: (scratch / f).stat().st_size)
+
+
+def _child_check(request: dict) -> dict:
+    from webapp.domain.validation.inspector import child_env
+
+    process = subprocess.run(
+        [sys.executable, "-m", "webapp.domain.deep_checks"],
+        input=json.dumps({**request, "cwd": str(settings.BASE_DIR)}),
+        capture_output=True,
+        text=True,
+        timeout=settings.VALIDATION_TIMEOUT_S,
+        env={**child_env(), "PYTHONPATH": str(settings.BASE_DIR)},
+        cwd=settings.BASE_DIR,
+    )
+    try:
+        return json.loads(process.stdout)
+    except ValueError:
+        tail = process.stderr.strip().splitlines()[-1:] or ["no output"]
+        return {"ok": False, "message": f"the check exited with {process.returncode}: {tail[0]}"}
+
+
+def deep_levels(validation, scratch: Path, files: list[str], timings: dict) -> list[dict]:
+    """The forward and replay levels the project turned on (deep_checks.py)."""
+    from webapp.domain.models import MetricPoint
+
+    checkpoint = validation.checkpoint
+    config = checkpoint.project.restore_checks or {}
+    main_file = str(_main_file(scratch, files, config.get("file")))
+    levels = []
+    if config.get("forward"):
+        started = time.perf_counter()
+        result = _child_check(
+            {"level": "forward", "entry": config["forward"], "checkpoint": main_file}
+        )
+        timings["forward_s"] = time.perf_counter() - started
+        levels.append(
+            {
+                "level": "forward",
+                "ok": result["ok"],
+                "message": result["message"],
+                "severity": "info" if result["ok"] else "corrupt",
+            }
+        )
+    if config.get("replay"):
+        steps = int(config.get("replay_steps", 5))
+        rtol = float(config.get("replay_rtol", 1e-4))
+        metric = config.get("replay_metric", "loss")
+        started = time.perf_counter()
+        result = _child_check(
+            {"level": "replay", "entry": config["replay"], "checkpoint": main_file, "steps": steps}
+        )
+        timings["replay_s"] = time.perf_counter() - started
+        levels.append(_compare_replay(result, checkpoint, metric, rtol, MetricPoint))
+    return levels
+
+
+def _compare_replay(result: dict, checkpoint, metric: str, rtol: float, MetricPoint) -> dict:  # noqa: N803
+    level = {"level": "replay", "severity": "suspicious"}
+    if not result.get("ok"):
+        return {**level, "ok": False, "message": result.get("message", "it did not run")}
+    replayed = {step: loss for step, loss in result["losses"]}
+    reported = {
+        step: values.get(metric)
+        for step, values in MetricPoint.objects.filter(
+            run_id=checkpoint.run_id, step__in=list(replayed)
+        ).values_list("step", "values")
+    }
+    common = sorted(s for s in replayed if isinstance(reported.get(s), int | float))
+    if not common:
+        return {
+            **level,
+            "ok": False,
+            "message": f"the run reported no {metric} for steps "
+            f"{min(replayed, default=0)}-{max(replayed, default=0)}: nothing to compare",
+        }
+    worst_step = max(common, key=lambda s: abs(replayed[s] - reported[s]))
+    worst = abs(replayed[worst_step] - reported[worst_step])
+    allowed = rtol * abs(reported[worst_step]) + 1e-7
+    summary = (
+        f"{len(common)} steps ({common[0]}-{common[-1]}) replayed; the largest difference is "
+        f"{worst:.3g} at step {worst_step} ({replayed[worst_step]:.6g} against "
+        f"{reported[worst_step]:.6g} reported; tolerance {rtol:g} relative)"
+    )
+    if worst > allowed:
+        return {
+            **level,
+            "ok": False,
+            "message": f"the resumed training does not follow the run: {summary}",
+        }
+    return {**level, "ok": True, "severity": "info", "message": summary}
+
+
+def run(validation_id: int) -> str:
+    from webapp.domain.models.recovery import ReplicaStatus, ValidationStatus
+    from webapp.domain.replication.restore import RestoreError, restore_replica
+
+    validation = claim(validation_id)
+    if validation is None:
+        return "not claimed"
+    checkpoint = validation.checkpoint
+    replica = (
+        checkpoint.replicas.filter(status=ReplicaStatus.VERIFIED)
+        .select_related("target")
+        .order_by("-verified_at")
+        .first()
+    )
+    if replica is None:
+        return _finish(
+            validation,
+            ValidationStatus.ERROR,
+            "No verified replica to restore from: replicate this checkpoint first.",
+            {},
+        )
+    scratch = Path(settings.SCRATCH_DIR) / f"restore-{validation.pk}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    timings: dict = {}
+    total = checkpoint.total_size
+    validation.bytes_total = total
+    validation.save(update_fields=["bytes_total"])
+    last_write = [0.0]
+
+    def progress(done: int, _total: int) -> None:
+        # About once a second: the dashboard and the CLI read bytes, rate and ETA from it.
+        now = time.monotonic()
+        if now - last_write[0] >= 1 or done >= total:
+            last_write[0] = now
+            type(validation).objects.filter(pk=validation.pk).update(bytes_done=done)
+
+    started = time.perf_counter()
+    try:
+        try:
+            restore_replica(replica, scratch, progress)
+        except RestoreError as exc:
+            timings["download_s"] = time.perf_counter() - started
+            return _finish(
+                validation,
+                ValidationStatus.FAILED,
+                f"The replica on {replica.target.name} does not restore: {exc}",
+                timings,
+            )
+        # sha256 is checked in the same pass as the download: one read of the bytes.
+        timings["download_verify_s"] = time.perf_counter() - started
+        files = sorted(checkpoint.files.values_list("path", flat=True))
+        try:
+            loaded = _child_load(scratch, files)
+        except (subprocess.TimeoutExpired, RuntimeError, ValueError) as exc:
+            return _finish(
+                validation, ValidationStatus.FAILED,
+                f"Downloaded and verified, but loading failed: {exc}", timings,
+            )  # fmt: skip
+        timings["load_s"] = loaded["load_s"]
+        timings["to_device_s"] = loaded["to_device_s"]
+        timings["total_s"] = time.perf_counter() - started
+        timings["peak_host_bytes"] = loaded["peak_host_bytes"]
+        timings["peak_device_bytes"] = loaded["peak_device_bytes"]
+        type(validation).objects.filter(pk=validation.pk).update(bytes_done=total)
+        if loaded["error"]:
+            return _finish(
+                validation,
+                ValidationStatus.FAILED,
+                f"Downloaded and verified from {replica.target.name}, but it does not load: "
+                f"{loaded['error']}",
+                timings,
+                device=loaded["device"],
+            )
+        levels = deep_levels(validation, scratch, files, timings)
+        failed = [level for level in levels if not level["ok"]]
+        if failed:
+            return _finish(
+                validation,
+                ValidationStatus.FAILED,
+                "Downloaded, verified and loaded, but "
+                + "; ".join(f"the {lv['level']} check failed: {lv['message']}" for lv in failed),
+                timings,
+                findings=levels,
+                device=loaded["device"],
+            )
+        rate = total / timings["download_verify_s"] if timings["download_verify_s"] else 0
+        skipped = loaded["skipped"]
+        message = (
+            f"Restored from {replica.target.name} in {timings['total_s']:.1f} s: "
+            f"{_size(total)} downloaded and verified at {_size(rate)}/s, "
+            f"{loaded['tensors']:,} tensors ({_size(loaded['bytes'])}) loaded in "
+            f"{timings['load_s']:.1f} s and moved to {loaded['device']} in "
+            f"{timings['to_device_s']:.2f} s; peak memory {_size(loaded['peak_host_bytes'])}"
+        )
+        if loaded["peak_device_bytes"]:
+            message += f" on the host, {_size(loaded['peak_device_bytes'])} on the GPU"
+        if skipped:
+            message += f". Not loadable as tensors (checked by sha256 only): {', '.join(skipped)}"
+        for level in levels:
+            message += f". {level['level'].capitalize()}: {level['message']}"
+        return _finish(
+            validation,
+            ValidationStatus.PASSED,
+            message + ".",
+            timings,
+            findings=levels,
+            device=loaded["device"],
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

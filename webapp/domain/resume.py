@@ -1,0 +1,402 @@
+"""One-click resume: restart a run from a chosen checkpoint with a launch profile.
+
+1. request(): an operator picks a checkpoint and a profile. The command is rendered from
+   the profile's template (written by a project admin) with every value shell-quoted, and
+   a Resume row is queued for the `launch` queue (`launch.<host>` when the profile pins a
+   host), after the transaction commits.
+2. prepare(): the checkpoint must be where the job expects it. The local copy is checked
+   (sizes and sha256, like the validation); when it is missing or damaged it is restored
+   from a verified replica into its own location, verified, the damaged copy moved aside.
+3. start(): `local` runs the command as a process of the launch worker's host, its output
+   kept in var/launch/resume-<id>/output.log and its exit status in `exit_code`; `slurm`
+   submits it with sbatch (webapp/domain/launch/slurm.py). The job gets LIFEBOAT_RUN (the
+   new run's key), LIFEBOAT_RESUMED_FROM (the checkpoint's id) and LIFEBOAT_CHECKPOINT
+   (its path), so the client reports `run.started` with `resumed_from` and the new run
+   appears as a child of that checkpoint.
+4. follow(): until the job ends (the process's exit status, or Slurm's final state).
+
+Template placeholders are written {{name}} so that shell braces (${HOME}) stay as they
+are: checkpoint_path, checkpoint_dir, checkpoint_id, step, run_key, new_run_key,
+resume_id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
+NAMES = (
+    "checkpoint_path",
+    "checkpoint_dir",
+    "checkpoint_id",
+    "step",
+    "run_key",
+    "new_run_key",
+    "resume_id",
+)
+
+
+class ResumeError(Exception):
+    """The resume cannot go on; the message says why, for the person who asked."""
+
+
+def check_template(template: str) -> None:
+    unknown = sorted({m.group(1) for m in PLACEHOLDER.finditer(template)} - set(NAMES))
+    if unknown:
+        raise ResumeError(
+            f"unknown placeholder {{{{{unknown[0]}}}}} in the command; known: "
+            + ", ".join(f"{{{{{n}}}}}" for n in NAMES)
+        )
+
+
+def render(template: str, values: dict) -> str:
+    """The command with every {{name}} replaced by its shell-quoted value: a value can
+    never become more than one argument, or a second command."""
+    check_template(template)
+    return PLACEHOLDER.sub(lambda m: shlex.quote(str(values[m.group(1)])), template)
+
+
+def checkpoint_path(checkpoint) -> str:
+    return checkpoint.location
+
+
+def values_for(resume) -> dict:
+    checkpoint = resume.checkpoint
+    location = checkpoint.location.rstrip("/")
+    single = (
+        checkpoint.file_count == 1
+        and checkpoint.files.filter(path=os.path.basename(location)).exists()
+    )
+    return {
+        "checkpoint_path": location,
+        "checkpoint_dir": os.path.dirname(location) if single else location,
+        "checkpoint_id": checkpoint.pk,
+        "step": checkpoint.step,
+        "run_key": resume.run.key,
+        "new_run_key": new_run_key(resume),
+        "resume_id": resume.pk,
+    }
+
+
+def new_run_key(resume) -> str:
+    return f"{resume.run.key}-resume-{resume.pk}"[:200]
+
+
+def queue_for(profile) -> str:
+    return f"launch.{profile.host}" if profile.host else "launch"
+
+
+def request(checkpoint, profile, *, user=None, actor: str = "", automatic: bool = False):
+    """Create the Resume and queue its launch after commit. Call inside a transaction."""
+    from webapp.domain.models import Event, Resume
+
+    if checkpoint.status != "verified":
+        raise ResumeError(
+            f"checkpoint {checkpoint.pk} is {checkpoint.status}: only a verified checkpoint "
+            "can be resumed from"
+        )
+    if profile.project_id != checkpoint.project_id:
+        raise ResumeError("that launch profile belongs to another project")
+    check_template(profile.command_template)
+    resume = Resume.objects.create(
+        project_id=checkpoint.project_id,
+        run_id=checkpoint.run_id,
+        checkpoint=checkpoint,
+        profile=profile,
+        requested_by=user,
+        automatic=automatic,
+    )
+    resume.command = render(profile.command_template, values_for(resume))
+    resume.save(update_fields=["command"])
+    Event.objects.create(
+        project_id=checkpoint.project_id,
+        run_id=checkpoint.run_id,
+        type="resume.requested",
+        step=checkpoint.step,
+        time=timezone.now(),
+        actor=actor or (f"user:{user.get_username()}" if user else "system"),
+        message=f"Resume from step {checkpoint.step} with profile {profile.name}",
+        data={"resume": resume.pk, "profile": profile.name, "command": resume.command},
+    )
+    transaction.on_commit(lambda: enqueue_launch(resume.pk, queue_for(profile)))
+    return resume
+
+
+def enqueue_launch(resume_id: int, queue: str) -> None:
+    from workers.launch import launch_resume
+
+    launch_resume.apply_async((resume_id,), queue=queue)
+
+
+def _set(resume, **fields) -> None:
+    for name, value in fields.items():
+        setattr(resume, name, value)
+    resume.updated_at = timezone.now()
+    resume.save(update_fields=[*fields, "updated_at"])
+
+
+def claim(resume_id: int):
+    """Take a requested resume; None if another worker has it or it is past that."""
+    from webapp.domain.models import Resume
+    from webapp.domain.models.recovery import ResumeStatus
+
+    taken = Resume.objects.filter(pk=resume_id, status=ResumeStatus.REQUESTED).update(
+        status=ResumeStatus.RESTORING, updated_at=timezone.now()
+    )
+    if taken != 1:
+        return None
+    return Resume.objects.select_related("checkpoint", "run", "profile", "project").get(
+        pk=resume_id
+    )
+
+
+# -- 2. the checkpoint where the job expects it ---------------------------------------------------
+
+
+def prepare(resume) -> str:
+    """Make sure the checkpoint's files are at its location, whole. Returns what was done."""
+    from webapp.domain.models.recovery import ReplicaStatus
+    from webapp.domain.replication.restore import RestoreError, restore_replica
+    from webapp.domain.validation.integrity import FileSpec, check_local
+
+    checkpoint = resume.checkpoint
+    if checkpoint.location.startswith("s3://"):
+        return "the checkpoint lives in object storage; the job reads it from there"
+    specs = [FileSpec(*row) for row in checkpoint.files.values_list("path", "size", "sha256")]
+    report = check_local(checkpoint.location, specs, checkpoint.project.allowed_roots)
+    if report.ok:
+        return "the local copy is whole"
+    replica = (
+        checkpoint.replicas.filter(status=ReplicaStatus.VERIFIED)
+        .select_related("target")
+        .order_by("-verified_at")
+        .first()
+    )
+    why = "; ".join(f.message for f in report.findings[:3]) or "it is not whole"
+    if replica is None:
+        raise ResumeError(f"the local copy is unusable ({why}) and there is no verified replica")
+    location = Path(checkpoint.location)
+    single = len(specs) == 1 and specs[0].path == location.name
+    target_dir = location.parent if single else location
+    if location.exists():
+        # Keep the damaged copy for a person to look at; never overwrite evidence.
+        aside = location.with_name(f"{location.name}.damaged-{timezone.now():%Y%m%d%H%M%S}")
+        os.replace(location, aside)
+    staging = target_dir.parent / f".{target_dir.name}.restoring-{resume.pk}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        restore_replica(replica, staging)
+    except RestoreError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ResumeError(f"restoring from {replica.target.name} failed: {exc}") from None
+    if single:
+        target_dir.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / location.name, location)
+        shutil.rmtree(staging, ignore_errors=True)
+    else:
+        os.replace(staging, target_dir)
+    return f"the local copy was {why}; restored from {replica.target.name}, verified"
+
+
+# -- 3. start, 4. follow --------------------------------------------------------------------------
+
+
+def launch_dir(resume) -> Path:
+    return Path(settings.VAR_DIR) / "launch" / f"resume-{resume.pk}"
+
+
+def job_env(resume) -> dict[str, str]:
+    values = values_for(resume)
+    return {
+        "LIFEBOAT_RUN": values["new_run_key"],
+        "LIFEBOAT_RESUMED_FROM": str(resume.checkpoint_id),
+        "LIFEBOAT_CHECKPOINT": values["checkpoint_path"],
+        **{str(k): str(v) for k, v in (resume.profile.options.get("env") or {}).items()},
+    }
+
+
+def start(resume) -> None:
+    from webapp.domain.models.recovery import ResumeStatus
+
+    folder = launch_dir(resume)
+    folder.mkdir(parents=True, exist_ok=True)
+    workdir = resume.profile.options.get("workdir") or str(settings.BASE_DIR)
+    log_path = folder / "output.log"
+    if resume.profile.kind == "slurm":
+        from webapp.domain.launch import slurm
+
+        job_id = slurm.submit(
+            "#!/bin/bash\n" + resume.command + "\n",
+            job_name=f"lifeboat-resume-{resume.pk}",
+            output_path=str(log_path),
+            workdir=workdir,
+            env=job_env(resume),
+        )
+        _set(resume, status=ResumeStatus.LAUNCHING, external_id=f"slurm:{job_id}")
+        return
+    script = folder / "command.sh"
+    script.write_text("#!/bin/bash\n" + resume.command + "\n")
+    exit_file = folder / "exit_code"
+    exit_file.unlink(missing_ok=True)
+    # The wrapper records the exit status in a file: the follow task may run in another
+    # process than the one that started the job, and only a parent can wait() for it.
+    wrapper = (
+        f"bash {shlex.quote(str(script))} > {shlex.quote(str(log_path))} 2>&1; "
+        f"echo $? > {shlex.quote(str(exit_file))}"
+    )
+    process = subprocess.Popen(
+        ["bash", "-c", wrapper],
+        cwd=workdir,
+        env={**os.environ, **job_env(resume)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    _set(resume, status=ResumeStatus.RUNNING, external_id=f"pid:{process.pid}")
+
+
+def output_tail(resume, lines: int = 40) -> str:
+    path = launch_dir(resume) / "output.log"
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def follow(resume) -> bool:
+    """Look once; True when the job has ended (and the Resume says how)."""
+    from webapp.domain.models import Event, Run
+    from webapp.domain.models.recovery import ResumeStatus
+
+    if resume.new_run_id is None:
+        child = Run.objects.filter(project_id=resume.project_id, key=new_run_key(resume)).first()
+        if child is not None:
+            _set(resume, new_run=child)
+    kind, _, ident = resume.external_id.partition(":")
+    if kind == "slurm":
+        from webapp.domain.launch import slurm
+
+        state = slurm.state(ident)
+        if not state.final:
+            if state.state == "RUNNING" and resume.status != ResumeStatus.RUNNING:
+                _set(resume, status=ResumeStatus.RUNNING)
+            return False
+        ok = state.state == "COMPLETED" and state.exit_code == 0
+        cancelled = state.state == "CANCELLED"
+        detail = f"Slurm job {ident} ended {state.state} with exit code {state.exit_code}"
+    else:
+        exit_file = launch_dir(resume) / "exit_code"
+        if not exit_file.exists():
+            pid = int(ident or 0)
+            try:
+                os.kill(pid, 0)
+                return False
+            except ProcessLookupError:
+                # Gone without writing its status: killed with its wrapper, or the host
+                # rebooted. Read once more: it may have finished just now.
+                if not exit_file.exists():
+                    _set(
+                        resume,
+                        status=ResumeStatus.FAILED,
+                        error="the process ended without an exit status (killed?)",
+                    )
+                    return True
+            except PermissionError:
+                return False
+        code = int(exit_file.read_text().strip() or 1)
+        ok, cancelled = code == 0, resume.status == ResumeStatus.CANCELLED
+        detail = f"the process exited with code {code}"
+    if cancelled:
+        _set(resume, status=ResumeStatus.CANCELLED, error=detail)
+    elif ok:
+        _set(resume, status=ResumeStatus.SUCCEEDED, error="")
+    else:
+        _set(resume, status=ResumeStatus.FAILED, error=f"{detail}\n{output_tail(resume, 20)}")
+    Event.objects.create(
+        project_id=resume.project_id,
+        run_id=resume.run_id,
+        type=f"resume.{resume.status}",
+        step=resume.checkpoint.step,
+        time=timezone.now(),
+        actor="worker:launch",
+        message=detail,
+        data={"resume": resume.pk},
+    )
+    return True
+
+
+def cancel(resume) -> None:
+    from webapp.domain.models.recovery import ResumeStatus
+
+    kind, _, ident = resume.external_id.partition(":")
+    if kind == "slurm":
+        from webapp.domain.launch import slurm
+
+        slurm.cancel(ident)
+    elif kind == "pid" and ident:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(ident), signal.SIGTERM)
+    _set(resume, status=ResumeStatus.CANCELLED)
+
+
+# -- automatic resume -----------------------------------------------------------------------------
+
+
+def lineage(run) -> list:
+    """The run and the runs it was resumed from, newest first."""
+    chain, seen = [], set()
+    while run is not None and run.pk not in seen:
+        chain.append(run)
+        seen.add(run.pk)
+        checkpoint = run.resumed_from
+        run = checkpoint.run if checkpoint is not None else None
+    return chain
+
+
+def maybe_auto_resume(run, reason: str):
+    """If the project asks for it, resume a failed or silent run from its latest verified
+    checkpoint, at most project.max_restarts times along its lineage (Determined's
+    max_restarts). Returns the Resume, or None with nothing done."""
+    from webapp.domain.models import Event, Resume
+
+    project = run.project
+    profile = project.auto_resume_profile
+    if profile is None:
+        return None
+    chain = lineage(run)
+    used = Resume.objects.filter(run__in=chain, automatic=True).count()
+    # The newest verified checkpoint along the lineage: a resumed job that died before
+    # its first checkpoint restarts from its parent's.
+    checkpoint = next(
+        (c for c in (r.latest_verified_checkpoint() for r in chain) if c is not None), None
+    )
+    if checkpoint is None or used >= project.max_restarts:
+        why = (
+            f"it was resumed automatically {used} times already (max {project.max_restarts})"
+            if used >= project.max_restarts
+            else "no verified checkpoint to resume from"
+        )
+        Event.objects.create(
+            project=project, run=run, type="resume.skipped", time=timezone.now(),
+            actor="system", message=f"Not resuming {run.key} automatically: {why}.",
+        )  # fmt: skip
+        return None
+    with transaction.atomic():
+        resume = request(checkpoint, profile, actor="system", automatic=True)
+        Event.objects.filter(type="resume.requested", data__resume=resume.pk).update(
+            message=f"Automatic resume ({reason}) from step {checkpoint.step} "
+            f"with profile {profile.name}, {used + 1} of {project.max_restarts}"
+        )
+    return resume

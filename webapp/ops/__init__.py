@@ -1,0 +1,1 @@
+"""Running Lifeboat in production: Prometheus metrics and structured logs."""

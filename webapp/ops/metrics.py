@@ -1,0 +1,173 @@
+"""GET /metrics in Prometheus' text format (docs/deployment.md lists every series).
+
+Gauges are read from PostgreSQL and Redis when Prometheus scrapes, so they are right
+whichever process answers; every query here uses an index or scans only what is
+unsettled or running.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import redis
+from django.conf import settings
+from django.db.models import Count, Max, Min
+from django.http import HttpResponse
+from django.utils import timezone
+
+from webapp.ops import latency
+
+QUEUES = ("validate", "replicate", "restore", "launch", "gpu")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(**labels: str) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}"
+
+
+class Exposition:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str) -> None:
+        self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+
+    def sample(self, name: str, value: float, **labels: str) -> None:
+        self.lines.append(f"{name}{_labels(**labels)} {value:.6g}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def collect() -> str:
+    from webapp.domain.models import Checkpoint, Replica, Run, Validation
+
+    now = timezone.now()
+    out = Exposition()
+
+    out.family("lifeboat_checkpoints", "gauge", "Checkpoints by status.")
+    for row in Checkpoint.objects.values("status").annotate(n=Count("pk")).order_by("status"):
+        out.sample("lifeboat_checkpoints", row["n"], status=row["status"])
+
+    out.family("lifeboat_queue_depth", "gauge", "Tasks waiting in each Celery queue.")
+    try:
+        broker = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=1)
+        for queue in QUEUES:
+            out.sample("lifeboat_queue_depth", broker.llen(queue), queue=queue)
+        broker_up = 1
+    except redis.RedisError:
+        broker_up = 0
+    out.family("lifeboat_broker_up", "gauge", "1 if the Celery broker answered.")
+    out.sample("lifeboat_broker_up", broker_up)
+
+    out.family(
+        "lifeboat_validation_lag_seconds",
+        "gauge",
+        "Age of the oldest checkpoint waiting for (or in) validation; 0 when none.",
+    )
+    oldest = Checkpoint.objects.filter(status__in=["reported", "verifying"]).aggregate(
+        t=Min("created_at")
+    )["t"]
+    out.sample("lifeboat_validation_lag_seconds", (now - oldest).total_seconds() if oldest else 0)
+
+    out.family(
+        "lifeboat_replication_lag_seconds",
+        "gauge",
+        "Age of the oldest replica waiting for (or in) upload; 0 when none.",
+    )
+    oldest = Replica.objects.filter(status__in=["pending", "uploading"]).aggregate(
+        t=Min("created_at")
+    )["t"]
+    out.sample("lifeboat_replication_lag_seconds", (now - oldest).total_seconds() if oldest else 0)
+
+    out.family(
+        "lifeboat_run_last_checkpoint_age_seconds",
+        "gauge",
+        "Seconds since the last checkpoint of each running run (since its start if none).",
+    )
+    running = (
+        Run.objects.filter(status="running")
+        .annotate(last=Max("checkpoints__saved_at"))
+        .values_list("project__slug", "key", "last", "started_at", "created_at")
+    )
+    for slug, key, last, started, created in running:
+        since = last or started or created
+        out.sample(
+            "lifeboat_run_last_checkpoint_age_seconds",
+            (now - since).total_seconds(),
+            project=slug,
+            run=key,
+        )
+
+    out.family(
+        "lifeboat_restore_seconds",
+        "gauge",
+        "Measured time to recover: the latest passed restore test of each run.",
+    )
+    seen = set()
+    restores = (
+        Validation.objects.filter(kind="restore", status="passed")
+        .order_by("-finished_at")
+        .values_list("checkpoint__run__project__slug", "checkpoint__run__key", "timings")[:1000]
+    )
+    for slug, key, timings in restores:
+        if (slug, key) in seen:
+            continue
+        seen.add((slug, key))
+        total = (timings or {}).get("total_s")
+        if isinstance(total, int | float):
+            out.sample("lifeboat_restore_seconds", total, project=slug, run=key)
+
+    out.family(
+        "lifeboat_http_request_duration_seconds",
+        "histogram",
+        "API request latency by route, all web processes.",
+    )
+    try:
+        stored = latency.histograms()
+    except redis.RedisError:
+        stored = {}
+    for label in sorted(stored):
+        values = stored[label]
+        method, _, route = label.partition(" ")
+        running_total = 0.0
+        for bucket in [*map(str, latency.BUCKETS), "+Inf"]:
+            running_total += values.get(bucket, 0.0)
+            out.sample(
+                "lifeboat_http_request_duration_seconds_bucket",
+                running_total,
+                method=method,
+                route=route,
+                le=bucket,
+            )
+        out.sample(
+            "lifeboat_http_request_duration_seconds_sum",
+            values.get("sum", 0.0),
+            method=method,
+            route=route,
+        )
+        out.sample(
+            "lifeboat_http_request_duration_seconds_count",
+            running_total,
+            method=method,
+            route=route,
+        )
+    return out.text()
+
+
+def metrics_view(request):
+    """Open when METRICS_TOKEN is empty (Prometheus inside the cluster); else it wants
+    `Authorization: Bearer <METRICS_TOKEN>`, as Prometheus' `authorization` sends."""
+    expected = settings.METRICS_TOKEN
+    if expected:
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return HttpResponse(
+                "metrics need the METRICS_TOKEN\n", status=401, content_type="text/plain"
+            )
+    return HttpResponse(collect(), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,76 @@
+"""Resumes (queue `launch`, or `launch.<host>` for a profile pinned to a host): see
+webapp/domain/resume.py. Tasks take ids and are safe to run twice: a resume is claimed
+with a conditional update, and following a finished one does nothing."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+@shared_task(name="workers.launch.launch_resume", ignore_result=True)
+def launch_resume(resume_id: int) -> str:
+    from webapp.domain import resume as resumes
+    from webapp.domain.models import Event
+    from webapp.domain.models.recovery import ResumeStatus
+
+    resume = resumes.claim(resume_id)
+    if resume is None:
+        return "not claimed"
+    try:
+        done = resumes.prepare(resume)
+        Event.objects.create(
+            project_id=resume.project_id,
+            run_id=resume.run_id,
+            type="resume.prepared",
+            step=resume.checkpoint.step,
+            time=resume.updated_at,
+            actor="worker:launch",
+            message=f"Checkpoint ready for the job: {done}",
+            data={"resume": resume.pk},
+        )
+        resumes._set(resume, status=ResumeStatus.LAUNCHING)
+        resumes.start(resume)
+    except Exception as exc:  # noqa: BLE001 (recorded on the row, for the person who asked)
+        log.exception("resume %s failed to start", resume_id)
+        resumes._set(resume, status=ResumeStatus.FAILED, error=f"{exc}")
+        return "failed"
+    follow_resume.apply_async(
+        (resume_id,), queue=resumes.queue_for(resume.profile), countdown=settings.LAUNCH_FOLLOW_S
+    )
+    return resume.status
+
+
+@shared_task(name="workers.launch.follow_resume", ignore_result=True)
+def follow_resume(resume_id: int) -> str:
+    from webapp.domain import resume as resumes
+    from webapp.domain.models import Resume
+
+    resume = Resume.objects.select_related("checkpoint", "run", "profile").get(pk=resume_id)
+    if resume.status in FINAL:
+        return resume.status
+    if not resumes.follow(resume):
+        follow_resume.apply_async(
+            (resume_id,), queue=resumes.queue_for(resume.profile),
+            countdown=settings.LAUNCH_FOLLOW_S,
+        )  # fmt: skip
+    return resume.status
+
+
+@shared_task(name="workers.launch.cancel_resume", ignore_result=True)
+def cancel_resume(resume_id: int) -> str:
+    """On the launch host: the process (or the Slurm job) is stopped there."""
+    from webapp.domain import resume as resumes
+    from webapp.domain.models import Resume
+
+    resume = Resume.objects.select_related("profile").get(pk=resume_id)
+    if resume.status in FINAL:
+        return resume.status
+    resumes.cancel(resume)
+    return "cancelled"

@@ -1,0 +1,56 @@
+"""Restore tests (queue `restore`, or `gpu` while a GPU worker is alive): see
+webapp/domain/restore_test.py. Tasks take ids and are safe to run twice."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+from celery import shared_task
+from celery.signals import worker_ready, worker_shutdown
+
+
+@shared_task(name="workers.restore.restore_test", ignore_result=True, acks_late=True)
+def restore_test(validation_id: int) -> str:
+    from webapp.domain import restore_test as rt
+
+    return rt.run(validation_id)
+
+
+@shared_task(name="workers.restore.schedule", ignore_result=True)
+def schedule() -> int:
+    """Beat, hourly: a restore test for the latest verified checkpoint of every active
+    run that had none for RESTORE_TEST_EVERY_S."""
+    from webapp.domain import restore_test as rt
+
+    return len(rt.schedule())
+
+
+_stop = threading.Event()
+
+
+@worker_ready.connect(weak=False)
+def _announce_gpu(sender=None, **_):
+    """A worker that consumes the `gpu` queue on a host with a GPU says so in Redis every
+    minute, so restore tests are routed to it while it lives."""
+    from webapp.domain import restore_test as rt
+
+    queues = set(getattr(sender.app.amqp.queues, "consume_from", {}) or {})
+    if "gpu" not in queues or not rt.has_gpu():
+        return
+    name = f"{socket.gethostname()}:{id(sender)}"
+
+    def beat():
+        while not _stop.is_set():
+            # Redis away: try again next minute.
+            with contextlib.suppress(Exception):
+                rt.mark_gpu_worker(name)
+            _stop.wait(60)
+
+    threading.Thread(target=beat, name="lifeboat-gpu-announce", daemon=True).start()
+
+
+@worker_shutdown.connect(weak=False)
+def _stop_announcing(**_):
+    _stop.set()
