@@ -4,6 +4,7 @@ timeline and charts, and the number of SQL queries of each list page."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -20,6 +21,7 @@ from webapp.domain.models import (
     LaunchProfile,
     Membership,
     MetricPoint,
+    Resume,
     Run,
     StorageTarget,
     Validation,
@@ -509,12 +511,15 @@ def fill(project, runs: int, checkpoints: int) -> Run:
 
 # session + user + project with role, then the page's own queries
 PROJECT_PAGE_QUERIES = 3 + 2  # count + one page of runs with every figure annotated
-RUN_PAGE_QUERIES = 3 + 1 + 2 + 1 + 1 + 1  # run, table (count + page), timeline, resumed-as,
-# resumes; the charts come in a request of their own:
+RUN_PAGE_QUERIES = 3 + 1 + 2 + 1 + 1 + 1 + 1  # run, table (count + page), timeline,
+# resumed-as, resumes, time to recover; the charts come in a request of their own:
 CHARTS_QUERIES = 3 + 1 + 2 + 1 + 2  # run, checkpoint bounds + buckets, which metrics, metric
 # bounds + buckets for one metric
-CHECKPOINT_PAGE_QUERIES = 3 + 1 + 3 + 1  # checkpoint, validations, replicas, files, (tensors
-# are in the row)
+CHECKPOINT_PAGE_QUERIES = 3 + 1 + 1 + 1 + 1 + 1 + 1  # checkpoint, checks (restore tests
+# too), replicas, resumes, files, launch profiles (tensors are in the row)
+# The analytics: run, checkpoints, the project's runs and its failures for the MTBF (not
+# when one is assumed), the latest restore test
+ANALYTICS_QUERIES = 3 + 1 + 1 + 2 + 1
 TOKENS_PAGE_QUERIES = 3 + 1  # the tokens with their creators
 
 
@@ -565,10 +570,41 @@ def test_the_checkpoint_page_makes_the_same_queries_for_1_or_20_files_and_checks
         Validation.objects.create(checkpoint=checkpoint, kind="integrity", status="passed")
         target = StorageTarget.objects.create(project=project, name=f"t{i}", bucket="b")
         Replica.objects.create(checkpoint=checkpoint, target=target, status="verified")
+        Validation.objects.create(
+            checkpoint=checkpoint, kind="restore", status="passed", timings={"total_s": 1.0}
+        )
+        Resume.objects.create(project=project, run=run, checkpoint=checkpoint, command="x")
+        LaunchProfile.objects.create(project=project, name=f"p{i}", command_template="x")
     client = as_user(viewer)
-    with django_assert_num_queries(3 + 1 + 1 + 1 + 1):  # checkpoint, checks, replicas, files
+    with django_assert_num_queries(CHECKPOINT_PAGE_QUERIES):
         response = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/")
-    assert response.content.decode().count("badge-passed") == n
+    html = response.content.decode()
+    assert html.count("badge-passed") == min(2 * n, 20)  # the newest 20 checks
+    assert len(re.findall(r'id="resume-\d+"', html)) == n
+    with django_assert_num_queries(CHECKPOINT_PAGE_QUERIES - 2):  # the live part: no files,
+        # no profiles
+        client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/", HTTP_HX_REQUEST="true")
+
+
+@pytest.mark.parametrize("checkpoints", [3, 60])
+def test_the_analytics_make_the_same_queries_for_3_or_60_checkpoints(
+    project, viewer, django_assert_num_queries, checkpoints
+):
+    run = fill(project, 3, checkpoints)
+    checkpoint = run.checkpoints.first()
+    Validation.objects.create(
+        checkpoint=checkpoint, kind="restore", status="passed", timings={"total_s": 9.0},
+        finished_at=timezone.now(),
+    )  # fmt: skip
+    client = as_user(viewer)
+    with django_assert_num_queries(ANALYTICS_QUERIES):
+        response = client.get("/p/alpha/runs/run-0/", {"analytics": 1}, HTTP_HX_REQUEST="true")
+    assert 'id="analytics"' in response.content.decode()
+    with django_assert_num_queries(ANALYTICS_QUERIES - 2):
+        response = client.get(
+            "/p/alpha/runs/run-0/", {"analytics": 1, "mtbf_hours": 3}, HTTP_HX_REQUEST="true"
+        )
+    assert "<svg" in response.content.decode()  # waste against the interval
 
 
 @pytest.mark.parametrize("n", [1, 20])

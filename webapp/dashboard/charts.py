@@ -7,6 +7,7 @@ spike (a plain average or every-nth sample would hide them)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from django.db import connection
@@ -44,6 +45,9 @@ class Chart:
     plot_top: int = PAD_TOP
     plot_bottom: int = HEIGHT - PAD_BOTTOM
     summary: str = ""  # for screen readers: range of the values
+    # Vertical lines at chosen x values: (x, label, css class).
+    markers: list[tuple[float, str, str]] = field(default_factory=list)
+    x_label: str = "step"
 
     @property
     def empty(self) -> bool:
@@ -202,3 +206,70 @@ def run_charts(run, metric_keys: list[str]) -> list[Chart]:
                 rows = min_max_buckets(points, {"v": metric_value(key)}, lo, hi)
                 charts.append(draw(key, rows, "v", lo, hi, short_number, count=len(rows)))
     return charts
+
+
+# --- How often to checkpoint: waste against the interval ---------------------------------
+
+
+def duration_label(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def interval_chart(figures, samples: int = 120) -> Chart | None:
+    """The expected share of wall time wasted (saves, lost work, restarts: Daly 2006,
+    eq. 20) against the checkpoint interval τ, on a log scale from a quarter of the
+    smaller to four times the larger of the interval used and Daly's; marked at both.
+    None when the figures lack δ, M or Daly's interval."""
+    from webapp.domain.analytics import waste_fraction
+
+    delta = figures.save_seconds_median
+    mtbf = figures.mtbf_seconds
+    daly = figures.daly_interval_seconds
+    actual = figures.interval_seconds_actual
+    restore = figures.restore_seconds or 0.0
+    if delta is None or not mtbf or not daly or daly <= 0:
+        return None
+    known = [t for t in (daly, actual) if t and t > 0]
+    lo, hi = min(known) / 4, max(known) * 4
+    log_lo, log_hi = math.log(lo), math.log(hi)
+    taus = [math.exp(log_lo + (log_hi - log_lo) * i / (samples - 1)) for i in range(samples)]
+    wastes = []
+    for tau in taus:
+        try:
+            wastes.append(min(waste_fraction(tau, delta, mtbf, restore), 1.0))
+        except (OverflowError, ValueError):
+            wastes.append(1.0)
+    chart = Chart(title="Time wasted against the checkpoint interval", unit="%", points=samples)
+    chart.x_label = "interval"
+    y_lo, y_hi = 0.0, max(min(max(wastes) * 1.05, 1.0), 1e-6)
+    plot_w = chart.plot_right - chart.plot_left
+    plot_h = chart.plot_bottom - chart.plot_top
+
+    def x_of(tau: float) -> float:
+        return chart.plot_left + (math.log(tau) - log_lo) / (log_hi - log_lo) * plot_w
+
+    def y_of(value: float) -> float:
+        return chart.plot_bottom - (value - y_lo) / (y_hi - y_lo) * plot_h
+
+    chart.path = " ".join(
+        f"{'M' if i == 0 else 'L'}{x_of(t):.1f} {y_of(w):.1f}"
+        for i, (t, w) in enumerate(zip(taus, wastes, strict=True))
+    )
+    chart.y_ticks = [(y_of(v), f"{v * 100:.3g} %") for v in (y_lo, y_hi / 2, y_hi)]
+    chart.x_ticks = [(x_of(t), duration_label(t)) for t in (lo, math.sqrt(lo * hi), hi)]
+    chart.markers = [(x_of(daly), f"Daly {duration_label(daly)}", "marker-daly")]
+    if actual and actual > 0:
+        chart.markers.append((x_of(actual), f"used {duration_label(actual)}", "marker-actual"))
+    best = min(wastes)
+    chart.summary = (
+        f"Waste from {best * 100:.2g} % (near Daly's interval, {duration_label(daly)}) to "
+        f"{max(wastes) * 100:.2g} % over intervals from {duration_label(lo)} to "
+        f"{duration_label(hi)}" + (f"; the run uses {duration_label(actual)}" if actual else "")
+    )
+    return chart

@@ -1,18 +1,34 @@
 """Project settings, for admins: API tokens (the secret is shown once, at creation, and
 never stored), storage targets (credentials are named by reference, never entered or
-shown here) and launch profiles. Each change leaves an audit Event."""
+shown here), launch profiles, alert channels (with the recent flips and every attempt at
+sending them) and recovery (storage quota, automatic resume, restore-test levels). Each
+change leaves an audit Event."""
 
 from __future__ import annotations
 
+import json
+import re
+from urllib.parse import urlsplit
+
 from django import forms
 from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
+from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import actor_of, project_view
 from webapp.domain.models import ApiToken, Event, LaunchProfile, StorageTarget
+from webapp.domain.models.alerts import (
+    AlertChannel,
+    AlertKind,
+    ChannelKind,
+    Flip,
+    Notification,
+)
 from webapp.domain.models.projects import Role, Scope
 
 
@@ -176,3 +192,303 @@ def audit_log(request):
         "dashboard/settings_audit.html",
         _settings_context(request, events=events, tab="audit"),
     )
+
+
+# --- Alerts -----------------------------------------------------------------------------
+
+FLIPS_SHOWN = 50
+
+
+class AlertChannelForm(forms.ModelForm):
+    kinds = forms.MultipleChoiceField(
+        choices=AlertKind.choices,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="None ticked: every kind.",
+    )
+
+    class Meta:
+        model = AlertChannel
+        fields = ["name", "kind", "target", "kinds"]
+        widgets = {"kind": forms.Select, "target": forms.TextInput(attrs={"size": 60})}
+        help_texts = {
+            "target": "A webhook's http(s) URL (Slack, Mattermost, or your own), or e-mail "
+            "addresses separated by commas."
+        }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["kind"].choices = ChannelKind.choices  # no empty choice
+        self.fields["kind"].initial = ChannelKind.WEBHOOK
+
+    def clean(self):
+        data = super().clean()
+        kind, target = data.get("kind"), (data.get("target") or "").strip()
+        if not kind or not target:
+            return data
+        if kind == ChannelKind.WEBHOOK:
+            # Not Django's URLValidator: it refuses single-label hosts, and a self-hosted
+            # chat server is often one (http://mattermost:8065/hooks/...).
+            url = urlsplit(target)
+            if (
+                url.scheme not in ("http", "https")
+                or not url.hostname
+                or any(c.isspace() for c in target)
+            ):
+                self.add_error("target", "A webhook needs an http:// or https:// URL.")
+            data["target"] = target
+        else:
+            addresses = [a.strip() for a in target.split(",") if a.strip()]
+            bad = []
+            for address in addresses:
+                try:
+                    validate_email(address)
+                except ValidationError:
+                    bad.append(address)
+            if bad or not addresses:
+                self.add_error(
+                    "target",
+                    f"Not an e-mail address: {', '.join(bad)}."
+                    if bad
+                    else "Give at least one e-mail address.",
+                )
+            data["target"] = ", ".join(addresses)
+        return data
+
+
+@require_http_methods(["GET", "POST"])
+@project_view(Role.ADMIN)
+def alerts(request):
+    """Alert channels (list, add, disable) and the recent flips, with each notification
+    and every attempt at sending it."""
+    form = AlertChannelForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        channel = form.save(commit=False)
+        channel.project = request.project
+        channel.target = form.cleaned_data["target"]
+        try:
+            with transaction.atomic():
+                channel.save()
+        except IntegrityError:
+            form.add_error("name", "An alert channel of this project already has this name.")
+        else:
+            kinds = ", ".join(channel.kinds) or "every kind"
+            audit(
+                request,
+                "alert_channel.created",
+                f"alert channel {channel.name!r} ({channel.kind} to {channel.target}) created "
+                f"for {kinds}",
+                alert_channel=channel.pk,
+            )
+            messages.success(request, f"Alert channel {channel.name} is added.")
+            return redirect("dashboard:settings-alerts", request.project.slug)
+    channels = request.project.alert_channels.order_by("name")
+    flips = (
+        Flip.objects.filter(project=request.project)
+        .select_related("run")
+        .prefetch_related(
+            Prefetch(
+                "notifications",
+                queryset=Notification.objects.select_related("channel").order_by("channel__name"),
+            )
+        )
+        .order_by("-created_at", "-id")[:FLIPS_SHOWN]
+    )
+    return render(
+        request,
+        "dashboard/settings_alerts.html",
+        _settings_context(
+            request,
+            form=form,
+            channels=channels,
+            flips=flips,
+            kind_labels=dict(AlertKind.choices),
+            tab="alerts",
+        ),
+    )
+
+
+@require_POST
+@project_view(Role.ADMIN)
+def alert_channel_enabled(request, channel_id: int):
+    channel = get_object_or_404(AlertChannel, project=request.project, pk=channel_id)
+    enabled = request.POST.get("enabled", "0") not in ("0", "false", "")
+    if AlertChannel.objects.filter(pk=channel.pk).exclude(enabled=enabled).update(enabled=enabled):
+        verb = "enabled" if enabled else "disabled"
+        audit(
+            request,
+            f"alert_channel.{verb}",
+            f"alert channel {channel.name!r} {verb}",
+            alert_channel=channel.pk,
+        )
+        messages.success(
+            request,
+            f"Alert channel {channel.name} is {verb}"
+            + ("." if enabled else ": it gets no notifications until enabled again."),
+        )
+    return redirect("dashboard:settings-alerts", request.project.slug)
+
+
+# --- Recovery: quota, automatic resume, restore-test levels ------------------------------
+
+RESTORE_CHECK_KEYS = ("forward", "replay", "replay_steps", "replay_rtol", "replay_metric", "file")
+
+
+def clean_restore_checks(text: str) -> dict:
+    """The project's restore_checks: a JSON object with only the known keys, each of the
+    right type (docs/restore.md, "Deeper levels")."""
+    text = (text or "").strip()
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(
+            f"Not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
+        ) from None
+    if not isinstance(value, dict):
+        raise ValidationError('It must be a JSON object, like {"forward": "pkg.mod:fn"}.')
+    unknown = sorted(set(value) - set(RESTORE_CHECK_KEYS))
+    if unknown:
+        raise ValidationError(
+            f"Unknown key {unknown[0]!r}; the keys are {', '.join(RESTORE_CHECK_KEYS)}."
+        )
+    for key in ("forward", "replay"):
+        if key in value and not (
+            isinstance(value[key], str) and re.fullmatch(r"[\w.]+:\w+", value[key])
+        ):
+            raise ValidationError(f'{key} must name a function as "package.module:function".')
+    for key in ("replay_metric", "file"):
+        if key in value and not (isinstance(value[key], str) and value[key]):
+            raise ValidationError(f"{key} must be a non-empty string.")
+    steps = value.get("replay_steps")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValidationError("replay_steps must be a whole number of at least 1.")
+    rtol = value.get("replay_rtol")
+    if rtol is not None and (
+        isinstance(rtol, bool) or not isinstance(rtol, int | float) or not 0 <= rtol < 1
+    ):
+        raise ValidationError("replay_rtol must be a number from 0 to 1, like 1e-4.")
+    return value
+
+
+class RecoveryForm(forms.Form):
+    storage_quota_gib = forms.DecimalField(
+        label="Storage quota (GiB)",
+        required=False,
+        min_value=0,
+        decimal_places=3,
+        help_text="Alert (storage.over_quota) when the project's checkpoints keep more. "
+        "Empty: no quota.",
+    )
+    auto_resume_profile = forms.ModelChoiceField(
+        queryset=LaunchProfile.objects.none(),
+        required=False,
+        empty_label="Off: never resume automatically",
+        help_text="Failed or silent runs are resumed from their latest verified checkpoint "
+        "with this profile.",
+    )
+    max_restarts = forms.IntegerField(
+        min_value=0,
+        max_value=100,
+        help_text="At most this many automatic resumes along one lineage.",
+    )
+    restore_checks = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 5, "cols": 70, "spellcheck": "false"}),
+        help_text='Deeper restore-test levels, e.g. {"forward": "examples.digits_checks:forward", '
+        '"replay": "examples.digits_checks:replay", "replay_steps": 5, "replay_rtol": 1e-4}. '
+        "Keys: " + ", ".join(RESTORE_CHECK_KEYS) + ".",
+    )
+
+    def __init__(self, *args, project, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["auto_resume_profile"].queryset = project.launch_profiles.order_by("name")
+
+    def clean_restore_checks(self):
+        return clean_restore_checks(self.cleaned_data.get("restore_checks", ""))
+
+
+GIB = 1024**3
+
+
+@require_http_methods(["GET", "POST"])
+@project_view(Role.ADMIN)
+def recovery(request):
+    """The storage quota, automatic resume and the restore tests' deeper levels. Each
+    field that changes is one audit Event, with the old and the new value."""
+    project = request.project
+    initial = {
+        "storage_quota_gib": (
+            round(project.storage_quota_bytes / GIB, 3)
+            if project.storage_quota_bytes is not None
+            else None
+        ),
+        "auto_resume_profile": project.auto_resume_profile_id,
+        "max_restarts": project.max_restarts,
+        "restore_checks": json.dumps(project.restore_checks, indent=2)
+        if project.restore_checks
+        else "",
+    }
+    form = RecoveryForm(request.POST or None, initial=initial, project=project)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        quota = data["storage_quota_gib"]
+        profile = data["auto_resume_profile"]
+        new = {
+            "storage_quota_bytes": int(quota * GIB) if quota is not None else None,
+            "auto_resume_profile": profile.name if profile else None,
+            "max_restarts": data["max_restarts"],
+            "restore_checks": data["restore_checks"],
+        }
+        old = {
+            "storage_quota_bytes": project.storage_quota_bytes,
+            "auto_resume_profile": project.auto_resume_profile.name
+            if project.auto_resume_profile_id
+            else None,
+            "max_restarts": project.max_restarts,
+            "restore_checks": project.restore_checks,
+        }
+        changed = [name for name in new if new[name] != old[name]]
+        if changed:
+            with transaction.atomic():
+                project.storage_quota_bytes = new["storage_quota_bytes"]
+                project.auto_resume_profile = profile
+                project.max_restarts = new["max_restarts"]
+                project.restore_checks = new["restore_checks"]
+                project.save(
+                    update_fields=[
+                        "storage_quota_bytes",
+                        "auto_resume_profile",
+                        "max_restarts",
+                        "restore_checks",
+                    ]
+                )
+                for name in changed:
+                    audit(
+                        request,
+                        f"project.{name}_changed",
+                        f"{name.replace('_', ' ')}: {_shown(old[name])} → {_shown(new[name])}",
+                        setting=name,
+                        old=old[name],
+                        new=new[name],
+                    )
+            messages.success(
+                request, "Saved: " + ", ".join(n.replace("_", " ") for n in changed) + "."
+            )
+        else:
+            messages.info(request, "Nothing changed.")
+        return redirect("dashboard:settings-recovery", project.slug)
+    return render(
+        request,
+        "dashboard/settings_recovery.html",
+        _settings_context(request, form=form, tab="recovery"),
+    )
+
+
+def _shown(value) -> str:
+    if value is None or value == {}:
+        return "none"
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return str(value)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from webapp.dashboard import settings_views, views
+from webapp.dashboard import recovery_views, settings_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -24,6 +24,16 @@ urlpatterns = [
         views.checkpoint_replicate,
         name="checkpoint-replicate",
     ),
+    path(
+        "p/<slug:slug>/checkpoints/<int:checkpoint_id>/restore-test/",
+        recovery_views.checkpoint_restore_test,
+        name="checkpoint-restore-test",
+    ),
+    path(
+        "p/<slug:slug>/checkpoints/<int:checkpoint_id>/resume/",
+        recovery_views.checkpoint_resume,
+        name="checkpoint-resume",
+    ),
     path("p/<slug:slug>/settings/tokens/", settings_views.tokens, name="settings-tokens"),
     path(
         "p/<slug:slug>/settings/tokens/<int:token_id>/revoke/",
@@ -38,6 +48,13 @@ urlpatterns = [
         settings_views.launch_profiles,
         name="settings-profiles",
     ),
+    path("p/<slug:slug>/settings/alerts/", settings_views.alerts, name="settings-alerts"),
+    path(
+        "p/<slug:slug>/settings/alerts/<int:channel_id>/enabled/",
+        settings_views.alert_channel_enabled,
+        name="settings-alert-enabled",
+    ),
+    path("p/<slug:slug>/settings/recovery/", settings_views.recovery, name="settings-recovery"),
     path("p/<slug:slug>/settings/audit/", settings_views.audit_log, name="settings-audit"),
     # Last: run keys may contain "/".
     path("p/<slug:slug>/runs/<path:key>/", views.run_detail, name="run"),

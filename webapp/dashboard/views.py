@@ -5,6 +5,8 @@ token and an audit Event."""
 
 from __future__ import annotations
 
+import contextlib
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -21,11 +23,17 @@ from django_htmx.http import HttpResponseStopPolling
 
 from webapp.dashboard import charts
 from webapp.dashboard.access import actor_of, project_view, visible_projects
-from webapp.domain.models import Checkpoint, Event, Run
+from webapp.domain.models import Checkpoint, Event, Run, Validation
 from webapp.domain.models.checkpoints import CheckpointActionRefused, CheckpointStatus
 from webapp.domain.models.projects import Role
-from webapp.domain.models.recovery import ReplicaStatus
+from webapp.domain.models.recovery import (
+    ReplicaStatus,
+    ResumeStatus,
+    ValidationKind,
+    ValidationStatus,
+)
 from webapp.domain.models.runs import Health, RunStatus
+from webapp.domain.resume import output_tail
 
 RUNS_PER_PAGE = 50
 CHECKPOINTS_PER_PAGE = 50
@@ -172,6 +180,13 @@ def run_detail(request, key: str):
         run = get_object_or_404(Run, project=project, key=key)
         context = {"run": run, "charts": charts.run_charts(run, _metric_keys(run))}
         return render(request, "dashboard/run_detail.html#charts", context)
+    if "analytics" in request.GET and request.htmx:
+        # What checkpointing costs and the interval that costs least: for_run() reads every
+        # checkpoint of the run and the project's runs, so it has a request of its own too.
+        run = get_object_or_404(Run, project=project, key=key)
+        return render(
+            request, "dashboard/run_detail.html#analytics", _analytics_context(request, run)
+        )
     run = get_object_or_404(
         Run.objects.filter(project=project)
         .with_dashboard_stats()
@@ -199,8 +214,56 @@ def run_detail(request, key: str):
         # Without JavaScript, ?charts=1 draws them in the page itself.
         charts=charts.run_charts(run, _metric_keys(run)) if "charts" in request.GET else None,
         charts_url=f"{request.path}?charts=1",
+        recovery=_time_to_recover(run),
+        analytics_url=f"{request.path}?analytics=1",
     )
+    if "analytics" in request.GET:  # without JavaScript: drawn in the page
+        context.update(_analytics_context(request, run))
     return render(request, "dashboard/run_detail.html", context)
+
+
+def _time_to_recover(run) -> dict | None:
+    """The latest passed restore test of any checkpoint of the run: its total is the
+    measured time to recover (as analytics._restore_seconds reads it)."""
+    row = (
+        Validation.objects.filter(
+            checkpoint__run=run, kind=ValidationKind.RESTORE, status=ValidationStatus.PASSED
+        )
+        .order_by("-finished_at")
+        .values("timings", "finished_at", "device", "checkpoint_id", "checkpoint__step")
+        .first()
+    )
+    if row is None:
+        return None
+    timings = row["timings"] or {}
+    total = timings.get("total_s")
+    if total is None:
+        phases = [v for k, v in timings.items() if k.endswith("_s") and isinstance(v, int | float)]
+        total = sum(phases)
+    return {**row, "seconds": total}
+
+
+MTBF_HOURS_MAX = 24 * 365 * 10
+
+
+def _analytics_context(request, run) -> dict:
+    from webapp.domain import analytics
+
+    mtbf_hours = None
+    with contextlib.suppress(ValueError):
+        mtbf_hours = float(request.GET.get("mtbf_hours", ""))
+    if mtbf_hours is not None and not 0 < mtbf_hours <= MTBF_HOURS_MAX:
+        mtbf_hours = None
+    run.project = request.project  # for_run asks for it; no second query
+    figures = analytics.for_run(run, mtbf_seconds=mtbf_hours * 3600 if mtbf_hours else None)
+    return {
+        "project": request.project,
+        "run": run,
+        "a": figures,
+        "mtbf_hours": mtbf_hours,
+        "interval_chart": charts.interval_chart(figures),
+        "analytics_path": request.path,
+    }
 
 
 # --- The checkpoint page and its actions ------------------------------------------------
@@ -223,11 +286,38 @@ def _replica_progress(replica, now) -> dict:
     }
 
 
+# The phases of a restore test, in the order they happen (docs/restore.md).
+RESTORE_PHASES = (
+    ("download_verify_s", "Download + verify"),
+    ("load_s", "Load"),
+    ("to_device_s", "To device"),
+    ("total_s", "Total (time to recover)"),
+)
+RESUMES_SHOWN = 20
+RESUME_FINAL = (ResumeStatus.SUCCEEDED, ResumeStatus.FAILED, ResumeStatus.CANCELLED)
+
+
+def restore_phases(validation) -> list[tuple[str, float | None]]:
+    timings = validation.timings or {}
+    return [(label, timings.get(key)) for key, label in RESTORE_PHASES]
+
+
+def resume_refusal(checkpoint) -> str:
+    if checkpoint.status != CheckpointStatus.VERIFIED:
+        return (
+            f"step {checkpoint.step} is {checkpoint.get_status_display().lower()}: only a "
+            "verified checkpoint can be resumed from"
+        )
+    return ""
+
+
 def _checkpoint_context(request, checkpoint) -> dict:
     now = timezone.now()
     validations = list(checkpoint.validations.order_by("-created_at")[:20])
     for validation in validations:
         validation.p = validation.progress(now)
+        if validation.kind == ValidationKind.RESTORE:
+            validation.phases = restore_phases(validation)
         validation.p["percent"] = (
             int(100 * validation.bytes_done / validation.bytes_total)
             if validation.bytes_total
@@ -245,10 +335,21 @@ def _checkpoint_context(request, checkpoint) -> dict:
     )  # fmt: skip
     for replica in replicas:
         replica.p = _replica_progress(replica, now)
+    # The resumes from this checkpoint, with the end of each one's output (a file on the
+    # launch worker's host, when it is this host: var/launch/resume-<id>/output.log).
+    resumes = list(
+        checkpoint.resumes.select_related("profile", "requested_by", "new_run").order_by(
+            "-created_at"
+        )[:RESUMES_SHOWN]
+    )
+    for resume in resumes:
+        resume.is_final = resume.status in RESUME_FINAL
+        resume.tail = output_tail(resume, lines=20)
     running = (
         not checkpoint.is_settled
         or any(not v.is_final for v in validations)
         or any(r.status in (ReplicaStatus.PENDING, ReplicaStatus.UPLOADING) for r in replicas)
+        or any(not r.is_final for r in resumes)
     )
     delay, next_poll = poll_delay_ms(request)
     path = reverse("dashboard:checkpoint", args=[request.project.slug, checkpoint.pk])
@@ -256,8 +357,12 @@ def _checkpoint_context(request, checkpoint) -> dict:
         "project": request.project,
         "access": request.access,
         "checkpoint": checkpoint,
-        "validations": validations,
+        "validations": [v for v in validations if v.kind != ValidationKind.RESTORE],
+        "restores": [v for v in validations if v.kind == ValidationKind.RESTORE],
+        "has_verified_replica": any(r.status == ReplicaStatus.VERIFIED for r in replicas),
         "replicas": replicas,
+        "resumes": resumes,
+        "restore_phase_labels": RESTORE_PHASES,
         "running": running,
         "poll_ms": delay,
         "poll_url": f"{path}?poll={next_poll}",
@@ -293,6 +398,8 @@ def checkpoint_detail(request, checkpoint_id: int):
     tensors = (checkpoint.content or {}).get("keys") or {}
     context["tensors"] = sorted(tensors.items())[:200]
     context["tensor_count"] = len(tensors)
+    context["launch_profiles"] = list(request.project.launch_profiles.order_by("name"))
+    context["resume_refusal"] = resume_refusal(checkpoint)
     return render(request, "dashboard/checkpoint_detail.html", context)
 
 

@@ -86,3 +86,38 @@ def event_summary(event) -> str:
     if data.get("resumed_from"):
         parts.append(f"resumed from checkpoint {data['resumed_from']}")
     return " · ".join(parts)
+
+
+@register.filter
+def percent(fraction) -> str:
+    """0.0123 -> '1.23 %'."""
+    try:
+        value = float(fraction) * 100
+    except (TypeError, ValueError):
+        return ""
+    return f"{value:.3g} %" if value < 100 else f"{value:.0f} %"
+
+
+@register.filter
+def duration_precise(seconds) -> str:
+    """Like duration, but keeps seconds below a minute to two figures: 0.75 -> '0.75 s'."""
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        return ""
+    if value < 60:
+        return f"{value:.3g} s"
+    return duration(value)
+
+
+@register.simple_tag
+def interval_verdict(actual: float, recommended: float) -> str:
+    """How the interval used compares with the recommended one, in words."""
+    if not recommended:
+        return ""
+    ratio = actual / recommended
+    if 0.8 <= ratio <= 1.25:
+        return "about as often as it should"
+    if ratio < 1:
+        return f"{1 / ratio:.1f}× more often than it needs to"
+    return f"{ratio:.1f}× less often than it should"

@@ -1,0 +1,633 @@
+"""The dashboard's recovery features: restore tests and resumes on the checkpoint page,
+the measured time to recover and the checkpoint-cost analytics on the run page, and the
+Alerts and Recovery settings. Roles, CSRF, 403s, audit events and validation errors."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from tests.test_dashboard import as_user, make_checkpoint, make_run, member
+from webapp.domain.models import (
+    AlertChannel,
+    Checkpoint,
+    CheckpointFile,
+    Event,
+    LaunchProfile,
+    Replica,
+    Resume,
+    StorageTarget,
+    Validation,
+)
+from webapp.domain.models.alerts import Flip, Notification
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def viewer(project):
+    return member(project, "vera", "viewer")
+
+
+@pytest.fixture
+def operator(project):
+    return member(project, "otto", "operator")
+
+
+@pytest.fixture
+def admin(project):
+    return member(project, "ada", "admin")
+
+
+def with_replica(checkpoint, status: str = "verified") -> Replica:
+    target, _ = StorageTarget.objects.get_or_create(
+        project=checkpoint.project, name="backup", defaults={"bucket": "b"}
+    )
+    return Replica.objects.create(checkpoint=checkpoint, target=target, status=status)
+
+
+def profile(project, name: str = "local-echo", template: str = "echo resumed {{checkpoint_id}}"):
+    return LaunchProfile.objects.create(
+        project=project, name=name, kind="local", command_template=template
+    )
+
+
+# --- Restore test -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_asks_for_a_restore_test_and_it_is_queued_and_audited(
+    project, operator, queues
+):
+    from tests.conftest import queued_tasks
+
+    checkpoint = make_checkpoint(make_run(project, "r"), 10)
+    with_replica(checkpoint)
+    response = as_user(operator).post(
+        f"/p/alpha/checkpoints/{checkpoint.pk}/restore-test/", HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert html.lstrip().startswith('<div id="live"')
+    assert "queued for a restore test" in html and 'hx-trigger="every' in html
+    [validation] = Validation.objects.all()
+    assert (validation.kind, validation.status, validation.requested_by) == (
+        "restore",
+        "queued",
+        "user:otto",
+    )
+    [task] = queued_tasks(queues, "restore")
+    assert task["args"] == [validation.pk]
+    [audit] = Event.objects.all()
+    assert (audit.type, audit.actor, audit.step) == (
+        "checkpoint.restore_test_requested",
+        "user:otto",
+        10,
+    )
+    # Pressed again while it waits: no second test, no second audit entry.
+    again = as_user(operator).post(f"/p/alpha/checkpoints/{checkpoint.pk}/restore-test/")
+    assert again.status_code == 302
+    assert Validation.objects.count() == 1 and Event.objects.count() == 1
+
+
+def test_a_restore_test_needs_a_verified_replica(project, operator):
+    checkpoint = make_checkpoint(make_run(project, "r"), 10)
+    with_replica(checkpoint, status="uploading")
+    client = as_user(operator)
+    page = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/").content.decode()
+    assert 'disabled title="A restore test downloads from a verified replica' in page
+    html = client.post(
+        f"/p/alpha/checkpoints/{checkpoint.pk}/restore-test/", HTTP_HX_REQUEST="true"
+    ).content.decode()
+    assert "No restore test: step 10 has no verified replica" in html and "notice-error" in html
+    assert not Validation.objects.exists() and not Event.objects.exists()
+
+
+def test_the_page_shows_each_restore_test_with_its_phases_findings_and_progress(project, viewer):
+    checkpoint = make_checkpoint(make_run(project, "r"), 10)
+    now = timezone.now()
+    Validation.objects.create(
+        checkpoint=checkpoint, kind="restore", status="passed", device="cuda:0 (NVIDIA H200)",
+        timings={"download_verify_s": 12.5, "load_s": 3.25, "to_device_s": 0.75,
+                 "total_s": 16.5, "peak_host_bytes": 3 * 1024**3,
+                 "peak_device_bytes": 2 * 1024**3},
+        findings=[{"level": "forward", "ok": True, "message": "forward pass finite",
+                   "severity": "info"},
+                  {"level": "replay", "ok": False, "message": "loss differs by 3e-2 at step 12",
+                   "severity": "error"}],
+        message="restored in 16.5 s", bytes_total=4096, bytes_done=4096,
+        started_at=now - timedelta(seconds=20), finished_at=now,
+    )  # fmt: skip
+    Validation.objects.create(
+        checkpoint=checkpoint, kind="restore", status="running", bytes_total=1000,
+        bytes_done=250, started_at=now - timedelta(seconds=10),
+    )  # fmt: skip
+    client = as_user(viewer)
+    html = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/").content.decode()
+    section = html.split('id="restore-tests"')[1].split('id="resumes"')[0]
+    for text in ("12.50 s", "3.25 s", "0.75 s", "16.50 s", "3.0 GiB", "2.0 GiB",
+                 "cuda:0 (NVIDIA H200)", "forward", "loss differs by 3e-2 at step 12",
+                 "250 B of 1000 B", "left", "Running", "Passed"):  # fmt: skip
+        assert text in section, text
+    # The generic table of checks does not repeat them.
+    assert "badge-passed" not in html.split('id="restore-tests"')[0]
+    # It polls while the second one runs, and stops (286) once it is done.
+    poll = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/", HTTP_HX_REQUEST="true")
+    assert poll.status_code == 200 and 'hx-trigger="every' in poll.content.decode()
+    Validation.objects.filter(status="running").update(status="failed", finished_at=now)
+    done = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/", HTTP_HX_REQUEST="true")
+    assert done.status_code == 286
+
+
+# --- Resume -----------------------------------------------------------------------------
+
+
+def test_the_resume_confirmation_shows_the_exact_command(project, operator):
+    run = make_run(project, "llama; rm -rf ~")
+    checkpoint = make_checkpoint(run, 10, file_count=1)
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(location="/data/ckpts/step-10.pt")
+    CheckpointFile.objects.create(checkpoint=checkpoint, path="step-10.pt", size=1, sha256="a")
+    chosen = profile(
+        project,
+        template="python train.py --resume {{checkpoint_path}} --dir {{checkpoint_dir}} "
+        "--run {{new_run_key}} --from {{run_key}} --step {{step}}",
+    )
+    client = as_user(operator)
+    page = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/").content.decode()
+    assert f'action="/p/alpha/checkpoints/{checkpoint.pk}/resume/"' in page
+    assert f'<option value="{chosen.pk}">local-echo (Local process)</option>' in page
+    response = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/resume/", {"profile": chosen.pk})
+    assert response.status_code == 200
+    html = response.content.decode()
+    expected = (
+        "python train.py --resume /data/ckpts/step-10.pt --dir /data/ckpts "
+        "--run &#x27;llama; rm -rf ~-resume-N&#x27; --from &#x27;llama; rm -rf ~&#x27; --step 10"
+    )
+    assert expected in html
+    assert "Start the resume" in html
+    assert not Resume.objects.exists() and not Event.objects.exists()  # nothing runs yet
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_confirms_a_resume_and_it_is_queued_and_audited(project, operator, queues):
+    from tests.conftest import queued_tasks
+
+    checkpoint = make_checkpoint(make_run(project, "r"), 10)
+    chosen = profile(project)
+    client = as_user(operator)
+    html = client.get(
+        f"/p/alpha/checkpoints/{checkpoint.pk}/resume/", {"profile": chosen.pk}
+    ).content.decode()
+    digest = html.split('name="digest" value="')[1].split('"')[0]
+    response = client.post(
+        f"/p/alpha/checkpoints/{checkpoint.pk}/resume/", {"profile": chosen.pk, "digest": digest}
+    )
+    assert response.status_code == 302
+    [resume] = Resume.objects.all()
+    assert resume.status == "requested" and resume.requested_by.username == "otto"
+    assert resume.command == f"echo resumed {checkpoint.pk}"
+    [task] = queued_tasks(queues, "launch")
+    assert task["args"] == [resume.pk]
+    [audit] = Event.objects.all()
+    assert (audit.type, audit.actor, audit.step) == ("resume.requested", "user:otto", 10)
+    page = client.get(response["Location"]).content.decode()
+    assert f"Resume {resume.pk} of step 10 with local-echo is queued" in page
+    row = page.split(f'id="resume-{resume.pk}"')[1].split("</tr>")[0]
+    assert "Requested" in row and f"echo resumed {checkpoint.pk}" in row
+    assert 'hx-trigger="every' in page  # it polls until the resume is final
+
+
+def test_the_resume_list_shows_the_new_run_the_error_and_the_output(
+    project, viewer, settings, tmp_path
+):
+    settings.VAR_DIR = tmp_path
+    run = make_run(project, "r")
+    checkpoint = make_checkpoint(run, 10)
+    child = make_run(project, "r-resume-1", name="R, resumed")
+    resume = Resume.objects.create(
+        project=project, run=run, checkpoint=checkpoint, profile=profile(project),
+        status="failed", command="echo hi", external_id="pid:4242", error="exit code 3",
+        new_run=child,
+    )  # fmt: skip
+    folder = tmp_path / "launch" / f"resume-{resume.pk}"
+    folder.mkdir(parents=True)
+    (folder / "output.log").write_text("".join(f"line {i}\n" for i in range(100)))
+    client = as_user(viewer)
+    response = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/")
+    row = response.content.decode().split(f'id="resume-{resume.pk}"')[1].split("</tr>")[0]
+    assert "Failed" in row and "pid:4242" in row and "exit code 3" in row
+    assert 'href="/p/alpha/runs/r-resume-1/"' in row
+    assert "line 99" in row and "line 79" not in row  # the last 20 lines
+    # Final: the page does not poll for it.
+    poll = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/", HTTP_HX_REQUEST="true")
+    assert poll.status_code == 286
+
+
+def test_a_bad_template_and_an_unverified_checkpoint_are_refused_with_the_reason(project, operator):
+    client = as_user(operator)
+    checkpoint = make_checkpoint(make_run(project, "r"), 10)
+    bad = profile(project, name="bad", template="run {{checkpoint}}")
+    html = client.get(
+        f"/p/alpha/checkpoints/{checkpoint.pk}/resume/", {"profile": bad.pk}
+    ).content.decode()
+    assert "unknown placeholder {{checkpoint}}" in html and "Start the resume" not in html
+    response = client.post(
+        f"/p/alpha/checkpoints/{checkpoint.pk}/resume/", {"profile": bad.pk, "digest": "x"}
+    )
+    assert response.status_code == 400
+    assert "unknown placeholder" in response.content.decode()
+    corrupt = make_checkpoint(checkpoint.run, 20, status="corrupt")
+    good = profile(project)
+    page = client.get(f"/p/alpha/checkpoints/{corrupt.pk}/").content.decode()
+    assert "Step 20 is corrupt: only a verified checkpoint can be resumed from." in page
+    response = client.post(
+        f"/p/alpha/checkpoints/{corrupt.pk}/resume/", {"profile": good.pk, "digest": "x"}
+    )
+    assert response.status_code == 400
+    assert "only a verified checkpoint can be resumed from" in response.content.decode()
+    assert not Resume.objects.exists() and not Event.objects.exists()
+
+
+def test_a_profile_changed_since_the_confirmation_is_confirmed_again(project, operator):
+    checkpoint = make_checkpoint(make_run(project, "r"), 10)
+    chosen = profile(project)
+    client = as_user(operator)
+    html = client.get(
+        f"/p/alpha/checkpoints/{checkpoint.pk}/resume/", {"profile": chosen.pk}
+    ).content.decode()
+    digest = html.split('name="digest" value="')[1].split('"')[0]
+    LaunchProfile.objects.filter(pk=chosen.pk).update(command_template="echo other {{step}}")
+    response = client.post(
+        f"/p/alpha/checkpoints/{checkpoint.pk}/resume/", {"profile": chosen.pk, "digest": digest}
+    )
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert "changed since you looked" in html and "echo other 10" in html
+    assert not Resume.objects.exists()
+
+
+def test_a_profile_of_another_project_cannot_be_used(project, other_project, operator):
+    checkpoint = make_checkpoint(make_run(project, "r"), 10)
+    profile(project)
+    foreign = profile(other_project, name="theirs")
+    response = as_user(operator).post(
+        f"/p/alpha/checkpoints/{checkpoint.pk}/resume/", {"profile": foreign.pk, "digest": "x"}
+    )
+    assert response.status_code == 400
+    assert "choose one of this project" in response.content.decode()
+    assert not Resume.objects.exists()
+
+
+def test_a_viewer_sees_restore_test_and_resume_disabled_and_is_refused(project, viewer):
+    checkpoint = make_checkpoint(make_run(project, "r"), 10)
+    with_replica(checkpoint)
+    chosen = profile(project)
+    client = as_user(viewer)
+    html = client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/").content.decode()
+    assert 'disabled aria-describedby="no-actions">Restore test' in html
+    assert 'disabled aria-describedby="no-resume">Resume' in html
+    assert "/resume/" not in html and "/restore-test/" not in html
+    for path, data in (("restore-test", {}), ("resume", {"profile": chosen.pk})):
+        response = client.post(f"/p/alpha/checkpoints/{checkpoint.pk}/{path}/", data)
+        assert response.status_code == 403 and b"You are a viewer" in response.content
+    # Not even the confirmation page.
+    assert client.get(f"/p/alpha/checkpoints/{checkpoint.pk}/resume/").status_code == 403
+    assert not Validation.objects.exists() and not Resume.objects.exists()
+    assert not Event.objects.exists()
+
+
+def test_recovery_actions_need_a_csrf_token_and_a_post(project, operator):
+    checkpoint = make_checkpoint(make_run(project, "r"), 10)
+    with_replica(checkpoint)
+    chosen = profile(project)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(operator)
+    assert client.post(f"/p/alpha/checkpoints/{checkpoint.pk}/restore-test/").status_code == 403
+    response = client.post(f"/p/alpha/checkpoints/{checkpoint.pk}/resume/", {"profile": chosen.pk})
+    assert response.status_code == 403
+    url = f"/p/alpha/checkpoints/{checkpoint.pk}/restore-test/"
+    assert as_user(operator).get(url).status_code == 405
+    assert not Validation.objects.exists() and not Resume.objects.exists()
+
+
+def test_recovery_actions_on_another_projects_checkpoint_are_not_found(
+    project, other_project, operator
+):
+    foreign = make_checkpoint(make_run(other_project, "r"), 10)
+    client = as_user(operator)
+    assert client.post(f"/p/alpha/checkpoints/{foreign.pk}/restore-test/").status_code == 404
+    assert client.get(f"/p/alpha/checkpoints/{foreign.pk}/resume/").status_code == 404
+    assert client.post(f"/p/beta/checkpoints/{foreign.pk}/resume/").status_code == 404
+
+
+# --- Settings: alerts -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["alerts", "recovery"])
+def test_alert_and_recovery_settings_are_for_admins_only(project, viewer, operator, admin, path):
+    url = f"/p/alpha/settings/{path}/"
+    assert as_user(viewer).get(url).status_code == 403
+    assert as_user(operator).get(url).status_code == 403
+    assert as_user(admin).get(url).status_code == 200
+    assert as_user(operator).post(url, {"name": "x", "max_restarts": 1}).status_code == 403
+    assert not AlertChannel.objects.exists() and not Event.objects.exists()
+
+
+def test_an_admin_adds_a_webhook_and_an_email_channel(project, admin):
+    client = as_user(admin)
+    response = client.post(
+        "/p/alpha/settings/alerts/",
+        {"name": "ops", "kind": "webhook", "target": "https://hooks.example.com/x",
+         "kinds": ["run.overdue", "run.failed"]},
+    )  # fmt: skip
+    assert response.status_code == 302, response.content.decode()
+    response = client.post(
+        "/p/alpha/settings/alerts/",
+        {"name": "mail", "kind": "email", "target": " a@example.com ,b@example.org"},
+    )
+    assert response.status_code == 302, response.content.decode()
+    ops, mail = AlertChannel.objects.order_by("name").reverse()
+    assert ops.kinds == ["run.overdue", "run.failed"] and ops.enabled
+    assert mail.target == "a@example.com, b@example.org" and mail.kinds == []
+    audit = Event.objects.filter(type="alert_channel.created").order_by("id")
+    assert [e.actor for e in audit] == ["user:ada", "user:ada"]
+    page = client.get("/p/alpha/settings/alerts/").content.decode()
+    assert "https://hooks.example.com/x" in page and "every kind" in page
+
+
+@pytest.mark.parametrize(
+    ("kind", "target", "error"),
+    [
+        ("webhook", "ftp://example.com/hook", "http:// or https:// URL"),
+        ("webhook", "javascript:alert(1)", "http:// or https:// URL"),
+        ("webhook", "https:///no-host", "http:// or https:// URL"),
+        ("email", "a@example.com, not-an-address", "Not an e-mail address: not-an-address"),
+        ("email", " , ", "Give at least one e-mail address"),
+    ],
+)
+def test_a_channel_target_must_fit_its_kind(project, admin, kind, target, error):
+    response = as_user(admin).post(
+        "/p/alpha/settings/alerts/", {"name": "x", "kind": kind, "target": target}
+    )
+    assert response.status_code == 200 and error in response.content.decode()
+    assert not AlertChannel.objects.exists() and not Event.objects.exists()
+
+
+def test_a_second_channel_with_the_same_name_is_refused_with_a_message(project, admin):
+    AlertChannel.objects.create(project=project, name="ops", kind="webhook", target="https://a/")
+    response = as_user(admin).post(
+        "/p/alpha/settings/alerts/", {"name": "ops", "kind": "webhook", "target": "https://b/"}
+    )
+    assert response.status_code == 200 and "already has this name" in response.content.decode()
+
+
+def test_an_admin_disables_and_enables_a_channel_with_an_audit_entry_each(
+    project, other_project, admin, operator
+):
+    channel = AlertChannel.objects.create(
+        project=project, name="ops", kind="webhook", target="https://a/"
+    )
+    client = as_user(admin)
+    url = f"/p/alpha/settings/alerts/{channel.pk}/enabled/"
+    assert as_user(operator).post(url, {"enabled": "0"}).status_code == 403
+    assert client.get(url).status_code == 405
+    assert client.post(url, {"enabled": "0"}).status_code == 302
+    channel.refresh_from_db()
+    assert not channel.enabled
+    client.post(url, {"enabled": "0"})  # again: no change, no second entry
+    client.post(url, {"enabled": "1"})
+    channel.refresh_from_db()
+    assert channel.enabled
+    types = list(Event.objects.order_by("id").values_list("type", "actor"))
+    assert types == [("alert_channel.disabled", "user:ada"), ("alert_channel.enabled", "user:ada")]
+    foreign = AlertChannel.objects.create(
+        project=other_project, name="x", kind="webhook", target="https://a/"
+    )
+    assert client.post(f"/p/alpha/settings/alerts/{foreign.pk}/enabled/").status_code == 404
+
+
+def test_the_alerts_page_shows_each_flip_with_every_attempt(project, admin):
+    run = make_run(project, "r", name="Llama")
+    ops = AlertChannel.objects.create(
+        project=project, name="ops", kind="webhook", target="https://a/"
+    )
+    mail = AlertChannel.objects.create(project=project, name="mail", kind="email", target="a@b.c")
+    flip = Flip.objects.create(
+        project=project, run=run, kind="run.overdue", key="k1",
+        message="Run Llama is overdue: no checkpoint for 2 h",
+    )  # fmt: skip
+    Notification.objects.create(
+        flip=flip, channel=ops, status="sent",
+        attempts=[{"at": "2026-11-30T06:00:00Z", "ok": False, "status": 503, "error": "HTTP 503"},
+                  {"at": "2026-11-30T06:00:30Z", "ok": True, "status": 200, "error": ""}],
+    )  # fmt: skip
+    Notification.objects.create(
+        flip=flip, channel=mail, status="failed",
+        attempts=[{"at": "2026-11-30T06:00:01Z", "ok": False, "status": None,
+                   "error": "EMAIL_HOST is not set"}],
+    )  # fmt: skip
+    html = as_user(admin).get("/p/alpha/settings/alerts/").content.decode()
+    row = html.split(f'id="flip-{flip.pk}"')[1].split("</tr>\n")[0]
+    assert "run.overdue" in row and "Run Llama is overdue" in row
+    assert "HTTP 503" in row and "HTTP 200" in row and "EMAIL_HOST is not set" in row
+    assert row.count('class="badge badge-verified">ok') == 1
+    assert row.count('class="badge badge-failed">failed') == 2
+    assert "badge-sent" in row and "badge-failed" in row
+
+
+@pytest.mark.parametrize("n", [1, 15])
+def test_the_alerts_page_makes_the_same_queries_for_1_or_15_flips(
+    project, admin, django_assert_num_queries, n
+):
+    channel = AlertChannel.objects.create(
+        project=project, name="ops", kind="webhook", target="https://a/"
+    )
+    run = make_run(project, "r")
+    for i in range(n):
+        flip = Flip.objects.create(
+            project=project, run=run, kind="run.failed", key=f"k{i}", message="m"
+        )
+        Notification.objects.create(flip=flip, channel=channel, attempts=[{"at": "t", "ok": True}])
+    client = as_user(admin)
+    # session, user, project; channels, flips with their runs, notifications with channels
+    with django_assert_num_queries(3 + 1 + 1 + 1):
+        response = client.get("/p/alpha/settings/alerts/")
+    assert response.content.decode().count('id="flip-') == n
+
+
+# --- Settings: recovery -----------------------------------------------------------------
+
+
+def test_an_admin_sets_quota_auto_resume_and_restore_checks_each_audited(project, admin):
+    chosen = profile(project)
+    client = as_user(admin)
+    checks = {
+        "forward": "examples.digits_checks:forward",
+        "replay": "examples.digits_checks:replay",
+        "replay_steps": 5,
+        "replay_rtol": 1e-4,
+    }
+    response = client.post(
+        "/p/alpha/settings/recovery/",
+        {"storage_quota_gib": "1.5", "auto_resume_profile": chosen.pk, "max_restarts": 2,
+         "restore_checks": json.dumps(checks)},
+    )  # fmt: skip
+    assert response.status_code == 302, response.content.decode()
+    project.refresh_from_db()
+    assert project.storage_quota_bytes == int(1.5 * 1024**3)
+    assert project.auto_resume_profile == chosen and project.max_restarts == 2
+    assert project.restore_checks == checks
+    audit = dict(Event.objects.values_list("type", "actor"))
+    assert audit == {
+        "project.storage_quota_bytes_changed": "user:ada",
+        "project.auto_resume_profile_changed": "user:ada",
+        "project.max_restarts_changed": "user:ada",
+        "project.restore_checks_changed": "user:ada",
+    }
+    change = Event.objects.get(type="project.max_restarts_changed")
+    assert (change.data["old"], change.data["new"]) == (3, 2)
+    # The form shows what is set; saving it unchanged writes nothing.
+    page = client.get("/p/alpha/settings/recovery/").content.decode()
+    assert "examples.digits_checks:forward" in page and 'value="1.5"' in page
+    response = client.post(
+        "/p/alpha/settings/recovery/",
+        {"storage_quota_gib": "1.5", "auto_resume_profile": chosen.pk, "max_restarts": 2,
+         "restore_checks": json.dumps(checks)},
+    )  # fmt: skip
+    assert response.status_code == 302 and Event.objects.count() == 4
+    # Cleared: no quota, no automatic resume, no deeper checks.
+    client.post("/p/alpha/settings/recovery/", {"max_restarts": 2, "restore_checks": ""})
+    project.refresh_from_db()
+    assert project.storage_quota_bytes is None and project.auto_resume_profile is None
+    assert project.restore_checks == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("[1, 2]", "must be a JSON object"),
+        ("{not json", "Not JSON"),
+        ('{"forward": "m:f", "shell": "rm -rf /"}', "Unknown key &#x27;shell&#x27;"),
+        ('{"forward": "no colon"}', "forward must name a function"),
+        ('{"replay_steps": 0}', "replay_steps must be a whole number"),
+        ('{"replay_steps": true}', "replay_steps must be a whole number"),
+        ('{"replay_rtol": "small"}', "replay_rtol must be a number"),
+        ('{"file": ""}', "file must be a non-empty string"),
+    ],
+)
+def test_restore_checks_must_be_an_object_with_known_keys(project, admin, text, error):
+    response = as_user(admin).post(
+        "/p/alpha/settings/recovery/", {"max_restarts": 3, "restore_checks": text}
+    )
+    assert response.status_code == 200
+    assert error in response.content.decode()
+    project.refresh_from_db()
+    assert project.restore_checks == {} and not Event.objects.exists()
+
+
+def test_only_this_projects_profiles_can_resume_automatically(project, other_project, admin):
+    foreign = profile(other_project, name="theirs")
+    response = as_user(admin).post(
+        "/p/alpha/settings/recovery/", {"max_restarts": 3, "auto_resume_profile": foreign.pk}
+    )
+    assert response.status_code == 200 and "Select a valid choice" in response.content.decode()
+    project.refresh_from_db()
+    assert project.auto_resume_profile is None
+
+
+# --- The run page: time to recover and what checkpointing costs ---------------------------
+
+
+def analysed_run(project):
+    """A run of 10 h that saved a 1 GiB checkpoint every 30 min, each in 60 s; the project
+    has one failed run of 10 h (M = 20 h over the two)."""
+    from webapp.domain.models import Run
+
+    start = timezone.now() - timedelta(hours=10)
+    Run.objects.create(
+        project=project, key="old", status="failed", started_at=start,
+        ended_at=start + timedelta(hours=10), last_seen_at=start,
+    )  # fmt: skip
+    run = make_run(project, "r", status="finished", started_at=start,
+                   ended_at=start + timedelta(hours=10))  # fmt: skip
+    for i in range(1, 21):
+        make_checkpoint(
+            run, i * 100, saved_at=start + timedelta(minutes=30 * i), save_seconds=60.0,
+            total_size=1024**3,
+        )  # fmt: skip
+    return run
+
+
+def test_the_run_page_shows_the_measured_time_to_recover(project, viewer):
+    run = analysed_run(project)
+    client = as_user(viewer)
+    html = client.get("/p/alpha/runs/r/").content.decode()
+    assert "not measured: no restore test of this run has passed yet" in html
+    checkpoint = run.checkpoints.get(step=2000)
+    now = timezone.now()
+    Validation.objects.create(
+        checkpoint=checkpoint, kind="restore", status="failed", timings={"total_s": 1.0},
+        finished_at=now,
+    )  # fmt: skip
+    Validation.objects.create(
+        checkpoint=checkpoint, kind="restore", status="passed", device="cuda:0",
+        timings={"total_s": 42.5}, finished_at=now - timedelta(minutes=5),
+    )  # fmt: skip
+    html = client.get("/p/alpha/runs/r/").content.decode()
+    ttr = html.split('id="time-to-recover"')[1].split("</dd>")[0]
+    assert "42.50 s" in ttr and "step 2000" in ttr and "cuda:0" in ttr
+    assert f"/p/alpha/checkpoints/{checkpoint.pk}/#restore-tests" in ttr
+
+
+def test_the_analytics_show_overhead_intervals_losses_and_the_chart(project, viewer):
+    analysed_run(project)
+    client = as_user(viewer)
+    page = client.get("/p/alpha/runs/r/").content.decode()
+    assert 'hx-get="/p/alpha/runs/r/?analytics=1" hx-trigger="load"' in page
+    response = client.get("/p/alpha/runs/r/", {"analytics": 1}, HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert html.lstrip().startswith('<div id="analytics">')
+    figures = response.context["a"]
+    # 20 saves of 60 s in 10 h: 3.33 %; τ = 30 min − 60 s = 29 min; M = 20 h.
+    assert "3.33 %" in html and "29 min" in html
+    assert figures.mtbf_seconds == pytest.approx(20 * 3600, rel=1e-3)
+    assert "1 failed runs over 20.0 h" in html
+    assert "17.1 MiB/s" in html  # 1 GiB saved in 60 s
+    daly = figures.daly_interval_seconds
+    assert daly and "recommended" in html
+    assert "more often than it needs to" in html  # 29 min against Daly's ~2.6 h
+    assert html.count("<svg") == 1 and "marker-daly" in html and "marker-actual" in html
+    assert "Time wasted against the checkpoint interval" in html
+
+
+def test_an_assumed_mtbf_is_used_and_a_nonsense_one_is_ignored(project, viewer):
+    analysed_run(project)
+    client = as_user(viewer)
+    response = client.get(
+        "/p/alpha/runs/r/", {"analytics": 1, "mtbf_hours": "3"}, HTTP_HX_REQUEST="true"
+    )
+    assert response.context["a"].mtbf_seconds == 3 * 3600
+    assert "assumed here" in response.content.decode()
+    for nonsense in ("-1", "0", "nan", "inf", "x"):
+        response = client.get(
+            "/p/alpha/runs/r/", {"analytics": 1, "mtbf_hours": nonsense}, HTTP_HX_REQUEST="true"
+        )
+        assert response.status_code == 200
+        assert response.context["a"].mtbf_source != "given", nonsense
+
+
+def test_without_a_failure_or_an_assumption_the_analytics_say_what_is_missing(project, viewer):
+    run = make_run(project, "r", started_at=timezone.now() - timedelta(hours=1))
+    make_checkpoint(run, 1, save_seconds=None)
+    client = as_user(viewer)
+    html = client.get("/p/alpha/runs/r/", {"analytics": 1}, HTTP_HX_REQUEST="true").content.decode()
+    assert "no failure seen in this project yet" in html
+    assert "No checkpoint reported its save time yet." in html
+    assert "<svg" not in html
+    # Without JavaScript the figures come in the page itself.
+    page = client.get("/p/alpha/runs/r/", {"analytics": 1}).content.decode()
+    assert "<!doctype html>" in page and "no failure seen in this project yet" in page

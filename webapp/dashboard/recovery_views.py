@@ -1,0 +1,169 @@
+"""Recovery from the checkpoint page: a restore test (fetch from a verified replica, load,
+time each phase) and a resume (restart the run from this checkpoint with a launch
+profile, after a confirmation that shows exactly the command that will run).
+
+Both are for operators; both call the same domain functions as the API
+(webapp.domain.restore_test.request, webapp.domain.resume.request) inside a transaction,
+so their tasks are queued only once it commits."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from django.contrib import messages
+from django.db import transaction
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods, require_POST
+
+from webapp.dashboard.access import actor_of, project_view
+from webapp.dashboard.views import _after_action, _get_checkpoint, resume_refusal
+from webapp.domain.models import Checkpoint, Event, Validation
+from webapp.domain.models.projects import Role
+from webapp.domain.models.recovery import ReplicaStatus, ValidationKind, ValidationStatus
+
+
+@require_POST
+@project_view(Role.OPERATOR)
+def checkpoint_restore_test(request, checkpoint_id: int):
+    """Queue a restore test, unless one is already queued or running (then say so)."""
+    from webapp.domain import restore_test
+
+    refusal, already = "", None
+    with transaction.atomic():
+        checkpoint = get_object_or_404(
+            Checkpoint.objects.select_for_update().select_related("run"),
+            project=request.project,
+            pk=checkpoint_id,
+        )
+        if not checkpoint.replicas.filter(status=ReplicaStatus.VERIFIED).exists():
+            refusal = (
+                f"step {checkpoint.step} has no verified replica to restore from; "
+                "replicate it first (a restore test never reads the local copy)"
+            )
+        else:
+            already = Validation.objects.filter(
+                checkpoint=checkpoint,
+                kind=ValidationKind.RESTORE,
+                status__in=(ValidationStatus.QUEUED, ValidationStatus.RUNNING),
+            ).first()
+            if already is None:
+                validation = restore_test.request(checkpoint, requested_by=actor_of(request))
+                Event.objects.create(
+                    project=request.project,
+                    run=checkpoint.run,
+                    type="checkpoint.restore_test_requested",
+                    step=checkpoint.step,
+                    time=timezone.now(),
+                    actor=actor_of(request),
+                    message=f"{actor_of(request)} asked for a restore test of step "
+                    f"{checkpoint.step}",
+                    data={"validation": validation.pk},
+                )
+    if refusal:
+        return _after_action(request, checkpoint, f"No restore test: {refusal}.", messages.ERROR)
+    if already is not None:
+        return _after_action(
+            request,
+            checkpoint,
+            f"A restore test of step {checkpoint.step} is already {already.status}.",
+            messages.INFO,
+        )
+    return _after_action(
+        request,
+        checkpoint,
+        f"Step {checkpoint.step} is queued for a restore test: download from a replica, "
+        "load, and move to the device, each phase timed.",
+    )
+
+
+# --- Resume ---------------------------------------------------------------------------
+
+
+def template_digest(profile) -> str:
+    """What the person confirmed: if an admin edits the profile in between, the command
+    that would run is not the one they saw, and the confirmation is asked again."""
+    return hashlib.sha256(profile.command_template.encode()).hexdigest()[:16]
+
+
+def preview_values(checkpoint) -> dict:
+    """The values webapp.domain.resume.values_for() will give, before the Resume exists:
+    its number is not known yet, so the new run key and the resume id show as N."""
+    location = checkpoint.location.rstrip("/")
+    single = (
+        checkpoint.file_count == 1
+        and checkpoint.files.filter(path=os.path.basename(location)).exists()
+    )
+    return {
+        "checkpoint_path": location,
+        "checkpoint_dir": os.path.dirname(location) if single else location,
+        "checkpoint_id": checkpoint.pk,
+        "step": checkpoint.step,
+        "run_key": checkpoint.run.key,
+        "new_run_key": f"{checkpoint.run.key}-resume-N",
+        "resume_id": "N",
+    }
+
+
+@require_http_methods(["GET", "POST"])
+@project_view(Role.OPERATOR)
+def checkpoint_resume(request, checkpoint_id: int):
+    """GET ?profile=<id>: what will run, to confirm. POST (profile, digest): do it."""
+    from webapp.domain import resume as resumes
+
+    checkpoint = _get_checkpoint(request, checkpoint_id)
+    profiles = list(request.project.launch_profiles.order_by("name"))
+    chosen = request.POST.get("profile") if request.method == "POST" else request.GET.get("profile")
+    profile = next((p for p in profiles if str(p.pk) == str(chosen)), None)
+    error = resume_refusal(checkpoint)
+    if not profiles:
+        error = error or "this project has no launch profile; an admin adds one in Settings"
+    elif profile is None and chosen:
+        error = "choose one of this project's launch profiles"
+    values = preview_values(checkpoint)
+    command = ""
+    if profile is not None:
+        try:
+            command = resumes.render(profile.command_template, values)
+        except resumes.ResumeError as exc:
+            error = error or str(exc)
+
+    blocked = bool(error)
+    if request.method == "POST" and profile is not None and not error:
+        if request.POST.get("digest") != template_digest(profile):
+            error = (
+                f"launch profile {profile.name} changed since you looked: check the command "
+                "below again"
+            )
+        else:
+            try:
+                with transaction.atomic():
+                    locked = Checkpoint.objects.select_for_update().get(pk=checkpoint.pk)
+                    resume = resumes.request(
+                        locked, profile, user=request.user, actor=actor_of(request)
+                    )
+            except resumes.ResumeError as exc:
+                error, blocked = str(exc), True
+            else:
+                messages.success(
+                    request,
+                    f"Resume {resume.pk} of step {checkpoint.step} with {profile.name} is "
+                    f"queued for launch: {resume.command}",
+                )
+                return redirect("dashboard:checkpoint", request.project.slug, checkpoint.pk)
+
+    context = {
+        "project": request.project,
+        "access": request.access,
+        "checkpoint": checkpoint,
+        "profiles": profiles,
+        "profile": profile,
+        "command": command,
+        "digest": template_digest(profile) if profile is not None else "",
+        "values": values,
+        "error": error,
+        "blocked": blocked,
+    }
+    status = 400 if request.method == "POST" and error else 200
+    return render(request, "dashboard/checkpoint_resume.html", context, status=status)
