@@ -82,9 +82,16 @@ def test_a_directory_checkpoint_is_replaced_whole(server, token, root, tmp_path)
 
 
 def test_a_failed_save_is_reported_as_checkpoint_failed(server, token, root, tmp_path):
-    with lifeboat.Run(
-        "fail-run", url=server.url, token=token, spool_dir=tmp_path / "spool", handle_signals=False
-    ), pytest.raises(RuntimeError):
+    with (
+        lifeboat.Run(
+            "fail-run",
+            url=server.url,
+            token=token,
+            spool_dir=tmp_path / "spool",
+            handle_signals=False,
+        ),
+        pytest.raises(RuntimeError),
+    ):
         lbtorch.save({"bad": Unpicklable()}, root / "step-1.pt", step=1)
     failed = Event.objects.get(run__key="fail-run", type="checkpoint.failed")
     assert "disk full" in failed.data["error"]

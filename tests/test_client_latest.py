@@ -1,0 +1,146 @@
+"""lifeboat.latest: a restarting job gets the newest verified checkpoint, its own copy if
+whole, else a verified download from a replica in a real S3 server (SeaweedFS)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+import lifeboat
+from tests.client_support import RestartableServer, run_script
+from webapp.domain.models import Checkpoint, Replica, StorageTarget
+from webapp.domain.replication import policy
+from workers.replicate import replicate
+from workers.validate import validate_checkpoint
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def s3_server_env(worker_env, s3):
+    """A Lifeboat web server that can presign URLs for the test S3 server."""
+    web = RestartableServer(
+        {
+            **worker_env,
+            "S3_ENDPOINT_URL": s3.endpoint,
+            "S3_ACCESS_KEY_ID": s3.key,
+            "S3_SECRET_ACCESS_KEY": s3.secret,
+        }
+    )
+    web.start()
+    yield web
+    web.stop()
+
+
+@pytest.fixture
+def replicated(s3_server_env, s3, token, project, tmp_path):
+    """A run whose step-5 checkpoint (a directory of two files) is verified and has a
+    verified replica; returns (server, checkpoint, its directory, files)."""
+    root = tmp_path / "ckpts"
+    directory = root / "job" / "step-5"
+    (directory / "shard").mkdir(parents=True)
+    files = {"model.bin": b"m" * 3_000_000, "shard/optim.bin": bytes(range(256)) * 4000}
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    project.allowed_roots = [str(root)]
+    project.save()
+    with lifeboat.Run(
+        "job",
+        url=s3_server_env.url,
+        token=token,
+        spool_dir=tmp_path / "spool",
+        handle_signals=False,
+    ) as run:
+        run.checkpoint(directory, step=5).wait(30)
+    checkpoint = Checkpoint.objects.get(run__key="job", step=5)
+    validate_checkpoint(checkpoint.pk)
+    checkpoint.refresh_from_db()
+    assert checkpoint.status == "verified", checkpoint.status_message
+    target = StorageTarget.objects.create(
+        project=project,
+        name="backup",
+        bucket=s3.bucket,
+        prefix=f"latest-{uuid.uuid4().hex[:6]}",
+        endpoint_url=s3.endpoint,
+    )
+    (replica_id,) = policy.request(checkpoint, [target], by_policy=False)
+    replicate(replica_id)
+    assert Replica.objects.get(pk=replica_id).status == "verified"
+    return s3_server_env, checkpoint, directory, files
+
+
+def env_for(server, token, tmp_path) -> dict:
+    return {
+        "LIFEBOAT_URL": server.url,
+        "LIFEBOAT_TOKEN": token,
+        "LIFEBOAT_SPOOL_DIR": str(tmp_path / "spool"),
+        "LIFEBOAT_RESTORE_DIR": str(tmp_path / "restored"),
+    }
+
+
+def test_an_intact_local_copy_is_handed_back_as_it_is(replicated, token, tmp_path):
+    server, checkpoint, directory, _ = replicated
+    path = lifeboat.latest("job", url=server.url, token=token, dest=tmp_path / "restored")
+    assert path == directory
+    assert not (tmp_path / "restored").exists()  # nothing was downloaded
+
+
+def test_a_missing_local_copy_comes_back_from_the_replica_verified(
+    replicated, token, tmp_path, capsys
+):
+    server, checkpoint, directory, files = replicated
+    for name in files:
+        (directory / name).unlink()
+    path = lifeboat.latest("job", url=server.url, token=token, dest=tmp_path / "restored")
+    assert path != directory and path.is_dir()
+    assert {name: (path / name).read_bytes() for name in files} == files
+    progress = capsys.readouterr().err
+    assert "is missing; restoring step 5 from a replica" in progress
+    assert "restoring from backup:" in progress and "(100%)" in progress and "ETA" in progress
+    # Asked again, the restored copy is checked and handed back without a download.
+    assert lifeboat.latest("job", url=server.url, token=token, dest=tmp_path / "restored") == path
+
+
+def test_a_damaged_local_copy_is_left_alone_and_a_good_one_fetched(replicated, token, tmp_path):
+    server, checkpoint, directory, files = replicated
+    damaged = bytearray(files["model.bin"])
+    damaged[1000] ^= 1  # same size, one bit off: only the sha256 tells
+    (directory / "model.bin").write_bytes(bytes(damaged))
+    done = run_script(
+        "import sys, lifeboat.cli; sys.exit(lifeboat.cli.main(['latest', 'job']))",
+        env_for(server, token, tmp_path),
+    )
+    assert done.returncode == 0, done.stderr_text
+    path = done.stdout_text.strip()
+    assert path.startswith(str(tmp_path / "restored"))
+    restored = (tmp_path / "restored").glob("job/checkpoint-*/model.bin")
+    assert [p.read_bytes() for p in restored] == [files["model.bin"]]
+    assert (directory / "model.bin").read_bytes() == bytes(damaged)  # evidence kept
+    assert "does not match its sha256" in done.stderr_text
+
+
+def test_a_replica_damaged_in_s3_is_never_handed_back(replicated, s3, token, tmp_path):
+    server, checkpoint, directory, files = replicated
+    (directory / "model.bin").unlink()
+    replica = Replica.objects.get(checkpoint=checkpoint)
+    entry = next(e for e in replica.files if e["path"] == "model.bin")
+    s3.client.put_object(Bucket=s3.bucket, Key=entry["key"], Body=b"x" * len(files["model.bin"]))
+    with pytest.raises(lifeboat.LatestError, match="model.bin from the replica does not match"):
+        lifeboat.latest("job", url=server.url, token=token, dest=tmp_path / "restored")
+    assert not any((tmp_path / "restored").rglob("model.bin"))
+
+
+def test_no_verified_checkpoint_is_a_clear_error(server, token, tmp_path):
+    with pytest.raises(lifeboat.LatestError, match="nothing to resume run 'nobody' from"):
+        lifeboat.latest("nobody", url=server.url, token=token)
+    with lifeboat.Run(
+        "fresh", url=server.url, token=token, spool_dir=tmp_path / "spool", handle_signals=False
+    ):
+        pass
+    done = run_script(
+        "import sys, lifeboat.cli; sys.exit(lifeboat.cli.main(['latest', 'fresh']))",
+        env_for(server, token, tmp_path),
+    )
+    assert done.returncode == 3
+    assert "run 'fresh' has no verified checkpoint yet (HTTP 404)" in done.stderr_text
