@@ -6,8 +6,10 @@ COPY pyproject.toml README.md ./
 COPY webapp webapp
 COPY workers workers
 COPY lifeboat lifeboat
-# The CPU build of torch for the load checks; use the CUDA index on GPU worker images.
-RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu '.[worker]'
+# The CPU build of torch for the load checks by default; the GPU worker's image is built
+# with TORCH_INDEX_URL pointing at a CUDA index (see docker-compose.yml).
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX_URL" '.[worker]'
 COPY . .
 RUN SECRET_KEY=build-only python manage.py collectstatic --noinput
 EXPOSE 8000

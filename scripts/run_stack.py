@@ -37,7 +37,7 @@ BIN = Path(sys.executable).parent  # the virtualenv that runs this script
 VAR = Path(os.environ.get("LIFEBOAT_VAR_DIR") or ROOT / "var").resolve()
 CREDENTIALS = VAR / "credentials.txt"
 STOP_TIMEOUT_S = float(os.environ.get("LIFEBOAT_STOP_TIMEOUT", "10"))
-QUEUES = "validate,replicate,restore,launch"
+QUEUES = "validate,replicate,restore,launch,alerts"
 DEMO_PROJECT, DEMO_RUN = "demo", "demo-run"
 
 CREATE_ADMIN = """
@@ -49,6 +49,16 @@ if User.objects.filter(username="admin").exists():
 else:
     User.objects.create_superuser("admin", "admin@localhost", os.environ["LB_ADMIN_PASSWORD"])
     print("created")
+"""
+CREATE_DEMO_TARGET = """
+import os
+from webapp.domain.models import Project, StorageTarget
+project = Project.objects.filter(slug="demo").first()
+if project is not None and not StorageTarget.objects.filter(project=project).exists():
+    StorageTarget.objects.create(
+        project=project, name="local-s3", bucket=os.environ.get("S3_BUCKET", "lifeboat"),
+        prefix="replicas",
+    )
 """
 # A user admin made before credentials.txt (e.g. in a shared DATABASE_URL) keeps its password.
 ADMIN_EXISTED = "(unknown: user admin existed; set it with manage.py changepassword admin)"
@@ -310,6 +320,9 @@ def prepare_database(env: dict[str, str]) -> dict[str, str]:
         creds.update(project=DEMO_PROJECT, token=manage(env, *args, "--quiet-token").strip())
         write_credentials(creds)
         say("lifeboat", f"first start: created the project {DEMO_PROJECT} and its token")
+    # Verified demo checkpoints are copied to the S3 store that make run serves (the
+    # settings' default endpoint and credentials); once, so an admin's edits stay.
+    manage(env, "shell", "-c", CREATE_DEMO_TARGET)
     return creds
 
 
