@@ -56,6 +56,7 @@ def main() -> int:
     import boto3
     import torch
 
+    from lifeboat.download import sha256_of
     from webapp.domain import restore_test
     from webapp.domain.models import (
         Checkpoint,
@@ -66,7 +67,6 @@ def main() -> int:
         StorageTarget,
         Validation,
     )
-    from webapp.domain.replication.download import _sha256_of
     from workers.replicate import replicate
 
     client = boto3.client(
@@ -87,7 +87,7 @@ def main() -> int:
     torch.save(state, path)
     del state
     size = path.stat().st_size
-    sha = _sha256_of(path)
+    sha = sha256_of(path)
     project = Project.objects.create(name="bench", slug="bench", allowed_roots=[str(work)])
     run = Run.objects.create(project=project, key="bench")
     checkpoint = Checkpoint.objects.create(

@@ -10,20 +10,17 @@ sha256 matches. A damaged local copy is left where it is, for a person to look a
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import sys
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 from lifeboat.config import Config
+from lifeboat.download import RestoreError, download_files
 from lifeboat.files import hash_file
 from lifeboat.transport import ServerError, Unreachable, api_url, quote_key, request
-
-CHUNK = 1024 * 1024
 
 
 class LatestError(Exception):
@@ -111,30 +108,6 @@ def _local_copy_ok(checkpoint: dict) -> tuple[bool, str]:
     return True, ""
 
 
-def _download(url: str, destination: Path, spec: dict, progress: Progress) -> None:
-    temporary = destination.with_name(f".{destination.name}.part-{uuid.uuid4().hex[:8]}")
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(temporary, "wb") as out:  # noqa: S310 (a presigned URL from our server)
-            while chunk := response.read(CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
-                progress.add(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
-        if size != spec["size"] or digest.hexdigest() != spec["sha256"]:
-            raise LatestError(
-                f"{spec['path']} from the replica does not match: {size} bytes with sha256 "
-                f"{digest.hexdigest()[:12]}…, expected {spec['size']} bytes with "
-                f"{spec['sha256'][:12]}…"
-            )
-        os.replace(temporary, destination)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def _restored_path(checkpoint: dict, destination: Path) -> Path:
     files = checkpoint["files"]
     location = checkpoint.get("location", "").rstrip("/")
@@ -156,23 +129,29 @@ def fetch_replica(checkpoint: dict, destination: Path, show_progress: bool = Tru
     errors = []
     for replica in replicas:
         urls = {item["path"]: item["url"] for item in replica["files"]}
+        missing = [spec["path"] for spec in files if spec["path"] not in urls]
+        if missing:
+            errors.append(f"{replica.get('target')}: no object for {missing[0]}")
+            continue
         staging = destination.with_name(f".{destination.name}.restoring-{uuid.uuid4().hex[:8]}")
-        staging.mkdir(parents=True)
-        progress = Progress(total, f"restoring from {replica.get('target')}", enabled=show_progress)
+        bar = Progress(total, f"restoring from {replica.get('target')}", enabled=show_progress)
+        seen = [0]
+
+        def progress(done: int, _total: int, bar=bar, seen=seen) -> None:
+            bar.add(done - seen[0])
+            seen[0] = done
+
         try:
-            for spec in files:
-                if spec["path"] not in urls:
-                    raise LatestError(f"the replica has no object for {spec['path']}")
-                target = staging / spec["path"]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                _download(urls[spec["path"]], target, spec, progress)
-            progress.close()
+            download_files(
+                [{**spec, "url": urls[spec["path"]]} for spec in files], staging, progress
+            )
+            bar.close()
             if destination.exists():
                 shutil.rmtree(destination)
             os.replace(staging, destination)
             return _restored_path(checkpoint, destination)
-        except (LatestError, OSError) as exc:
-            progress.close()
+        except (RestoreError, OSError) as exc:
+            bar.close()
             errors.append(f"{replica.get('target')}: {exc}")
             shutil.rmtree(staging, ignore_errors=True)
     raise LatestError("no replica could be restored: " + "; ".join(errors))

@@ -126,7 +126,7 @@ def test_a_replica_damaged_in_s3_is_never_handed_back(replicated, s3, token, tmp
     replica = Replica.objects.get(checkpoint=checkpoint)
     entry = next(e for e in replica.files if e["path"] == "model.bin")
     s3.client.put_object(Bucket=s3.bucket, Key=entry["key"], Body=b"x" * len(files["model.bin"]))
-    with pytest.raises(lifeboat.LatestError, match="model.bin from the replica does not match"):
+    with pytest.raises(lifeboat.LatestError, match="model.bin does not match its sha256"):
         lifeboat.latest("job", url=server.url, token=token, dest=tmp_path / "restored")
     assert not any((tmp_path / "restored").rglob("model.bin"))
 
@@ -144,3 +144,24 @@ def test_no_verified_checkpoint_is_a_clear_error(server, token, tmp_path):
     )
     assert done.returncode == 3
     assert "run 'fresh' has no verified checkpoint yet (HTTP 404)" in done.stderr_text
+
+
+def test_a_big_file_comes_in_parallel_ranges_hashed_in_order(s3, tmp_path):
+    import hashlib
+    import os
+
+    from lifeboat.download import CHUNK, RestoreError, download_files
+
+    data = os.urandom(2 * CHUNK + 12345)  # three ranged GETs
+    s3.put("big/model.bin", data)
+    url = s3.client.generate_presigned_url(
+        "get_object", Params={"Bucket": s3.bucket, "Key": "big/model.bin"}, ExpiresIn=600
+    )
+    spec = {"path": "model.bin", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    seen = []
+    (path,) = download_files([{**spec, "url": url}], tmp_path / "out", lambda d, t: seen.append(d))
+    assert path.read_bytes() == data and seen[-1] == len(data) and len(seen) == 3
+    # One byte off in the last range: never handed back, nothing left behind.
+    with pytest.raises(RestoreError, match="does not match its sha256"):
+        download_files([{**spec, "sha256": "0" * 64, "url": url}], tmp_path / "bad")
+    assert not any((tmp_path / "bad").iterdir())

@@ -320,7 +320,7 @@ def test_a_verified_checkpoint_is_queued_for_replication(api, token, project, ro
 def test_the_api_lists_replicas_with_presigned_urls_a_plain_client_can_use(
     api, read_token, token, project, root, s3, tmp_path
 ):
-    from webapp.domain.replication.download import download_files
+    from lifeboat.download import download_files
 
     data = os.urandom(300_000)
     checkpoint = make_checkpoint(project, root, 5, {"model.pt": data})

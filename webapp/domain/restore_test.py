@@ -382,7 +382,8 @@ def run(validation_id: int) -> str:
     started = time.perf_counter()
     try:
         try:
-            restore_replica(replica, scratch, progress)
+            # Scratch space, deleted after the test: no fsync (durable=False).
+            restore_replica(replica, scratch, progress, durable=False)
         except RestoreError as exc:
             timings["download_s"] = time.perf_counter() - started
             return _finish(

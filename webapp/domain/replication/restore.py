@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 from django.conf import settings
 
+from lifeboat.download import RestoreError, download_files
 from webapp.domain.replication import targets
-from webapp.domain.replication.download import RestoreError, download_files
 
 __all__ = ["RestoreError", "replica_files", "restore_replica"]
 
@@ -51,7 +51,9 @@ def read_manifest(replica) -> dict:
         ) from None
 
 
-def restore_replica(replica, dest, progress: Callable[[int, int], None] | None = None) -> list:
+def restore_replica(
+    replica, dest, progress: Callable[[int, int], None] | None = None, *, durable: bool = True
+) -> list:
     """Download a verified replica into `dest`, verifying every file's sha256 against
     the manifest on the target and the checkpoint's record. Raises RestoreError."""
     from webapp.domain.models.recovery import ReplicaStatus
@@ -65,4 +67,4 @@ def restore_replica(replica, dest, progress: Callable[[int, int], None] | None =
         raise RestoreError(
             f"the manifest on {replica.target.name} does not list the checkpoint's files"
         )
-    return download_files(replica_files(replica), dest, progress)
+    return download_files(replica_files(replica), dest, progress, durable=durable)
