@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/client_overhead.py                  # about 2 minutes
     .venv/bin/python bench/client_overhead.py --state-mb 100 --steps 120   # quicker
+    .venv/bin/python bench/client_overhead.py --threads 1   # a core left free (GPU-like)
 
 A CPU training loop (an MLP, a few tens of ms a step) checkpoints a state of --state-mb
 MB (its weights plus ballast, 500 MB by default) every --every steps, three ways, in the
@@ -193,10 +194,19 @@ def main(argv=None) -> int:
     parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads for the training loop (0: torch's default, every core); 1 "
+        "leaves a core free, as a GPU-bound job does",
+    )
     parser.add_argument("--url", default=os.environ.get("LIFEBOAT_BENCH_URL"))
     parser.add_argument("--token", default=os.environ.get("LIFEBOAT_BENCH_TOKEN"))
     args = parser.parse_args(argv)
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     shutil.rmtree(WORK, ignore_errors=True)
     checkpoints = WORK / "checkpoints"
     checkpoints.mkdir(parents=True)
