@@ -60,6 +60,19 @@ if project is not None and not StorageTarget.objects.filter(project=project).exi
         prefix="replicas",
     )
 """
+CREATE_DEMO_PROFILE = """
+import os, shlex, sys
+from webapp.domain.models import LaunchProfile, Project
+project = Project.objects.filter(slug="demo").first()
+if project is not None and not LaunchProfile.objects.filter(project=project).exists():
+    python = shlex.quote(os.environ["LB_PYTHON"])
+    LaunchProfile.objects.create(
+        project=project, name="digits-local", kind="local",
+        command_template=python + " examples/train_digits.py --run {{new_run_key}} "
+        "--resume-from {{checkpoint_path}} --epochs 10",
+        options={"workdir": os.environ["LB_ROOT"]},
+    )
+"""
 # A user admin made before credentials.txt (e.g. in a shared DATABASE_URL) keeps its password.
 ADMIN_EXISTED = "(unknown: user admin existed; set it with manage.py changepassword admin)"
 
@@ -323,6 +336,13 @@ def prepare_database(env: dict[str, str]) -> dict[str, str]:
     # Verified demo checkpoints are copied to the S3 store that make run serves (the
     # settings' default endpoint and credentials); once, so an admin's edits stay.
     manage(env, "shell", "-c", CREATE_DEMO_TARGET)
+    # A launch profile for the tour's one-click resume of examples/train_digits.py; once.
+    manage(
+        env | {"LB_PYTHON": str(BIN / "python"), "LB_ROOT": str(ROOT)},
+        "shell",
+        "-c",
+        CREATE_DEMO_PROFILE,
+    )
     return creds
 
 
@@ -424,6 +444,11 @@ def run_stack() -> None:
     creds = prepare_database(env)
     wait_until("Redis", redis_ready, 20)
     wait_until("S3", s3_ready, 60)
+    # Jobs the launch worker starts (one-click resume) report to this server with the
+    # demo token, and keep their spool under var/.
+    env.setdefault("LIFEBOAT_URL", url)
+    env.setdefault("LIFEBOAT_TOKEN", creds.get("token", ""))
+    env.setdefault("LIFEBOAT_SPOOL_DIR", str(VAR / "spool"))
     start_app(env, bind)
     wait_until("the web server", lambda: web_answers(url), 60)
     print_banner(url, creds)
