@@ -43,3 +43,21 @@ def run_script(code: str, env: dict, *, wait: bool = True, timeout: float = 120)
     out, err = process.communicate(timeout=timeout)
     process.stdout_text, process.stderr_text = out, err
     return process
+
+
+def train_digits(server, token: str, tmp_path, run: str, *, seed: int = 0, epochs: int = 2):
+    """examples/train_digits.py as a job of its own, reporting to `server`; checkpoints
+    under tmp_path/ckpt/<run>/. Returns the environment it ran with."""
+    env = {
+        "LIFEBOAT_URL": server.url,
+        "LIFEBOAT_TOKEN": token,
+        "LIFEBOAT_SPOOL_DIR": str(tmp_path / "spool"),
+        "PATH": "/usr/bin:/bin",
+    }
+    done = subprocess.run(
+        [sys.executable, "examples/train_digits.py", "--run", run, "--epochs", str(epochs),
+         "--seed", str(seed), "--checkpoint-dir", str(tmp_path / "ckpt")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return env

@@ -176,48 +176,42 @@ def worker_env(django_db_setup, redis_client) -> dict:
     return env
 
 
-@pytest.fixture
-def celery_worker(worker_env, tmp_path):
-    """A real Celery worker process on the validate queue, for one test (a worker that
-    outlived its test would take the tasks other tests look for in Redis)."""
-    log_path = tmp_path / "worker.log"
-    log = log_path.open("w")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers",
-            "worker",
-            "-Q",
-            "validate",
-            "-P",
-            "solo",
-            "-l",
-            "info",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-        ],
-        cwd=ROOT,
-        env=worker_env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+def start_worker(
+    env: dict, queues: str, log_path: Path, name: str | None = None, wait: bool = True
+) -> subprocess.Popen:
+    """A real Celery worker process (solo pool) on `queues`, its output in `log_path`;
+    with `wait`, returns once it says it is ready."""
+    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues,
+               "-P", "solo", "-l", "info", "--without-gossip", "--without-mingle",
+               "--without-heartbeat"]  # fmt: skip
+    if name:
+        command += ["-n", f"{name}@%h"]
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    process.log_path = log_path
     deadline = time.monotonic() + 60
-    while "ready." not in log_path.read_text():
+    while wait and "ready." not in log_path.read_text():
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the Celery worker did not start:\n{log_path.read_text()}")
         time.sleep(0.2)
-    process.log_path = log_path
-    yield process
+    return process
+
+
+def stop_worker(process: subprocess.Popen) -> None:
     process.terminate()
     try:
         process.wait(20)
     except subprocess.TimeoutExpired:
         process.kill()
-    log.close()
+
+
+@pytest.fixture
+def celery_worker(worker_env, tmp_path):
+    """A real Celery worker process on the validate queue, for one test (a worker that
+    outlived its test would take the tasks other tests look for in Redis)."""
+    process = start_worker(worker_env, "validate", tmp_path / "worker.log")
+    yield process
+    stop_worker(process)
 
 
 def wait_for(predicate, timeout: float = 30, interval: float = 0.1):

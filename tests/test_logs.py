@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT, saved, wait_for
+from tests.conftest import saved, start_worker, stop_worker, wait_for
 from webapp.domain.models import Checkpoint
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -24,41 +22,16 @@ def test_every_line_of_a_task_carries_its_run_and_checkpoint(
     data = b"weights" * 1000
     (tmp_path / "model.bin").write_bytes(data)
     files = [{"path": "model.bin", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}]
-    log_path = tmp_path / "worker.log"
-    with log_path.open("w") as log:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers",
-                "worker",
-                "-Q",
-                "validate",
-                "-P",
-                "solo",
-                "-l",
-                "info",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
-            cwd=ROOT,
-            env={**worker_env, "LOG_FORMAT": "json"},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_for(lambda: "ready." in log_path.read_text(), 60, 0.2)
-            body = saved(location=str(tmp_path), files=files)
-            assert api.post_events(token, body).status_code == 202
-            checkpoint = Checkpoint.objects.get()
-            wait_for(lambda: Checkpoint.objects.get().status == "verified", 60, 0.2)
-            wait_for(lambda: "succeeded" in log_path.read_text(), 10, 0.2)
-        finally:
-            worker.terminate()
-            worker.wait(20)
+    worker = start_worker({**worker_env, "LOG_FORMAT": "json"}, "validate", tmp_path / "w.log")
+    try:
+        body = saved(location=str(tmp_path), files=files)
+        assert api.post_events(token, body).status_code == 202
+        checkpoint = Checkpoint.objects.get()
+        wait_for(lambda: Checkpoint.objects.get().status == "verified", 60, 0.2)
+        wait_for(lambda: "succeeded" in worker.log_path.read_text(), 10, 0.2)
+    finally:
+        stop_worker(worker)
+    log_path = worker.log_path
 
     lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
     task_lines = [

@@ -4,14 +4,12 @@ queue runs one asked for through the API."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 
 import pytest
 import torch
 
-from tests.conftest import ROOT, queued_tasks, saved, wait_for
+from tests.conftest import queued_tasks, saved, start_worker, stop_worker, wait_for
 from webapp.domain import restore_test as rt
 from webapp.domain.models import Checkpoint, Replica, StorageTarget, Validation
 from webapp.domain.replication import policy
@@ -103,7 +101,6 @@ def test_the_api_queues_it_and_a_real_restore_worker_runs_it(
     again = api.post(token, f"/checkpoints/{replicated.pk}/restore-test").json()
     assert again["validation"] == validation_id
 
-    log_path = tmp_path / "restore-worker.log"
     env = {
         **worker_env,
         "S3_ENDPOINT_URL": s3.endpoint,
@@ -111,38 +108,13 @@ def test_the_api_queues_it_and_a_real_restore_worker_runs_it(
         "S3_SECRET_ACCESS_KEY": s3.secret,
         "LIFEBOAT_SCRATCH_DIR": str(tmp_path / "scratch"),
     }
-    with log_path.open("w") as log:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers",
-                "worker",
-                "-Q",
-                "restore",
-                "-P",
-                "solo",
-                "-l",
-                "info",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            validation = wait_for(
-                lambda: Validation.objects.filter(pk=validation_id, status="passed").first(),
-                90,
-                0.3,
-            )
-        finally:
-            worker.terminate()
-            worker.wait(20)
+    worker = start_worker(env, "restore", tmp_path / "restore-worker.log")
+    try:
+        validation = wait_for(
+            lambda: Validation.objects.filter(pk=validation_id, status="passed").first(),
+            90, 0.3,
+        )  # fmt: skip
+    finally:
+        stop_worker(worker)
     assert validation.timings["total_s"] > 0
     assert not any((tmp_path / "scratch").iterdir())  # scratch space cleaned up

@@ -4,14 +4,13 @@ checkpoint and fails for one from another run. And automatic resume, at most N t
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 
 import pytest
 import torch
 
-from tests.conftest import ROOT, event, queued_tasks
+from tests.client_support import train_digits
+from tests.conftest import event, queued_tasks
 from webapp.domain import alerts
 from webapp.domain import restore_test as rt
 from webapp.domain.models import Checkpoint, Event, LaunchProfile, Resume, Run, StorageTarget
@@ -26,35 +25,6 @@ CHECKS = {
     "replay": "examples.digits_checks:replay",
     "replay_steps": 5,
 }
-
-
-def train(server, token, tmp_path, run: str, seed: int) -> None:
-    env = {
-        "LIFEBOAT_URL": server.url,
-        "LIFEBOAT_TOKEN": token,
-        "LIFEBOAT_SPOOL_DIR": str(tmp_path / "spool"),
-        "PATH": "/usr/bin:/bin",
-    }
-    done = subprocess.run(
-        [
-            sys.executable,
-            "examples/train_digits.py",
-            "--run",
-            run,
-            "--epochs",
-            "2",
-            "--seed",
-            str(seed),
-            "--checkpoint-dir",
-            str(tmp_path / "ckpt"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr
 
 
 def verified_with_replica(checkpoint, project, s3) -> Checkpoint:
@@ -81,7 +51,7 @@ def digits(server, s3, token, project, tmp_path, settings):
     project.allowed_roots = [str(tmp_path / "ckpt")]
     project.restore_checks = CHECKS
     project.save()
-    train(server, token, tmp_path, "digits", seed=0)
+    train_digits(server, token, tmp_path, "digits", seed=0)
     return Checkpoint.objects.get(run__key="digits", step=23)
 
 
@@ -107,7 +77,7 @@ def test_the_run_s_own_checkpoint_passes_forward_and_replay(digits, project, s3,
 def test_a_checkpoint_from_another_run_fails_the_replay(
     digits, server, token, project, s3, tmp_path, queues
 ):
-    train(server, token, tmp_path, "other", seed=1)
+    train_digits(server, token, tmp_path, "other", seed=1)
     # The other run's step-23 file, reported as this run's step 23 (a wrong path, a
     # mixed-up directory): it loads, it is finite, but training does not follow this run.
     Checkpoint.objects.filter(pk=digits.pk).delete()

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-import subprocess
 import sys
 import time
 import uuid
 
 import pytest
 
+from tests.client_support import train_digits
 from tests.conftest import ROOT, queued_tasks, saved
 from tests.test_slurm import slurm_cluster  # noqa: F401 (a fixture, asked for by name)
 from webapp.domain import resume as resumes
@@ -46,30 +46,7 @@ def test_resume_restores_a_deleted_checkpoint_then_restarts_the_job(
     settings.VAR_DIR = tmp_path / "var"
     project.allowed_roots = [str(tmp_path / "ckpt")]
     project.save()
-    env = {
-        "LIFEBOAT_URL": server.url,
-        "LIFEBOAT_TOKEN": token,
-        "LIFEBOAT_SPOOL_DIR": str(tmp_path / "spool"),
-        "PATH": "/usr/bin:/bin",
-    }
-    first = subprocess.run(
-        [
-            sys.executable,
-            "examples/train_digits.py",
-            "--run",
-            "digits",
-            "--epochs",
-            "2",
-            "--checkpoint-dir",
-            str(tmp_path / "ckpt"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert first.returncode == 0, first.stderr
+    env = train_digits(server, token, tmp_path, "digits")
     chosen = Checkpoint.objects.get(run__key="digits", step=23)
     validate_checkpoint(chosen.pk)
     target = StorageTarget.objects.create(

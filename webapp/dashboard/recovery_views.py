@@ -9,7 +9,6 @@ so their tasks are queued only once it commits."""
 from __future__ import annotations
 
 import hashlib
-import os
 
 from django.contrib import messages
 from django.db import transaction
@@ -88,22 +87,10 @@ def template_digest(profile) -> str:
 
 
 def preview_values(checkpoint) -> dict:
-    """The values webapp.domain.resume.values_for() will give, before the Resume exists:
-    its number is not known yet, so the new run key and the resume id show as N."""
-    location = checkpoint.location.rstrip("/")
-    single = (
-        checkpoint.file_count == 1
-        and checkpoint.files.filter(path=os.path.basename(location)).exists()
-    )
-    return {
-        "checkpoint_path": location,
-        "checkpoint_dir": os.path.dirname(location) if single else location,
-        "checkpoint_id": checkpoint.pk,
-        "step": checkpoint.step,
-        "run_key": checkpoint.run.key,
-        "new_run_key": f"{checkpoint.run.key}-resume-N",
-        "resume_id": "N",
-    }
+    """The values the resume will get, before it exists: its number shows as N."""
+    from webapp.domain import resume as resumes
+
+    return resumes.template_values(checkpoint, "N")
 
 
 @require_http_methods(["GET", "POST"])

@@ -67,12 +67,9 @@ def render(template: str, values: dict) -> str:
     return PLACEHOLDER.sub(lambda m: shlex.quote(str(values[m.group(1)])), template)
 
 
-def checkpoint_path(checkpoint) -> str:
-    return checkpoint.location
-
-
-def values_for(resume) -> dict:
-    checkpoint = resume.checkpoint
+def template_values(checkpoint, resume_id) -> dict:
+    """What the placeholders stand for. `resume_id` is the Resume's id, or a stand-in
+    ("N") for the confirmation a person reads before it exists."""
     location = checkpoint.location.rstrip("/")
     single = (
         checkpoint.file_count == 1
@@ -83,14 +80,18 @@ def values_for(resume) -> dict:
         "checkpoint_dir": os.path.dirname(location) if single else location,
         "checkpoint_id": checkpoint.pk,
         "step": checkpoint.step,
-        "run_key": resume.run.key,
-        "new_run_key": new_run_key(resume),
-        "resume_id": resume.pk,
+        "run_key": checkpoint.run.key,
+        "new_run_key": f"{checkpoint.run.key}-resume-{resume_id}"[:200],
+        "resume_id": resume_id,
     }
 
 
+def values_for(resume) -> dict:
+    return template_values(resume.checkpoint, resume.pk)
+
+
 def new_run_key(resume) -> str:
-    return f"{resume.run.key}-resume-{resume.pk}"[:200]
+    return template_values(resume.checkpoint, resume.pk)["new_run_key"]
 
 
 def queue_for(profile) -> str:

@@ -8,6 +8,21 @@ from django.db import models
 from django.utils import timezone
 
 
+def progress_of(work, now=None) -> dict:
+    """Bytes done, rate (bytes/s) and ETA (s) of a long operation with bytes_done,
+    bytes_total, started_at, finished_at and is_final (a check, a copy)."""
+    end = work.finished_at or now or timezone.now()
+    elapsed = (end - work.started_at).total_seconds() if work.started_at else 0.0
+    rate = work.bytes_done / elapsed if elapsed > 0 else 0.0
+    remaining = max(work.bytes_total - work.bytes_done, 0)
+    return {
+        "bytes_done": work.bytes_done,
+        "bytes_total": work.bytes_total,
+        "rate": rate,
+        "eta_s": remaining / rate if rate > 0 and not work.is_final else None,
+    }
+
+
 class ValidationKind(models.TextChoices):
     INTEGRITY = "integrity", "Integrity (sizes and checksums)"
     LOAD = "load", "Load"
@@ -57,16 +72,7 @@ class Validation(models.Model):
 
     def progress(self, now=None) -> dict:
         """Bytes done, rate (bytes/s) and ETA (s) for the UI and the CLI."""
-        end = self.finished_at or now or timezone.now()
-        elapsed = (end - self.started_at).total_seconds() if self.started_at else 0.0
-        rate = self.bytes_done / elapsed if elapsed > 0 else 0.0
-        remaining = max(self.bytes_total - self.bytes_done, 0)
-        return {
-            "bytes_done": self.bytes_done,
-            "bytes_total": self.bytes_total,
-            "rate": rate,
-            "eta_s": remaining / rate if rate > 0 and not self.is_final else None,
-        }
+        return progress_of(self, now)
 
 
 class ReplicaStatus(models.TextChoices):
@@ -131,16 +137,7 @@ class Replica(models.Model):
 
     def progress(self, now=None) -> dict:
         """Bytes done, rate (bytes/s) and ETA (s), as Validation.progress()."""
-        end = self.finished_at or now or timezone.now()
-        elapsed = (end - self.started_at).total_seconds() if self.started_at else 0.0
-        rate = self.bytes_done / elapsed if elapsed > 0 else 0.0
-        remaining = max(self.bytes_total - self.bytes_done, 0)
-        return {
-            "bytes_done": self.bytes_done,
-            "bytes_total": self.bytes_total,
-            "rate": rate,
-            "eta_s": remaining / rate if rate > 0 and not self.is_final else None,
-        }
+        return progress_of(self, now)
 
 
 class ResumeStatus(models.TextChoices):
