@@ -77,6 +77,15 @@ TEMPLATES = [
 # --- Database ------------------------------------------------------------------------
 # PostgreSQL in production (DATABASE_URL=postgres://user:pass@host:5432/name); SQLite
 # under var/ when nothing is configured.
+# SQLite, whether the default file or a sqlite:// DATABASE_URL (worker processes of the
+# test suite get one): IMMEDIATE takes the write lock at BEGIN, so two concurrent writers
+# wait for each other (up to timeout) instead of failing at once with "database is
+# locked" when a read transaction tries to upgrade to a write.
+SQLITE_OPTIONS = {
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 20,
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
 _database_url = env_str("DATABASE_URL")
 if _database_url:
     DATABASES = {
@@ -85,20 +94,18 @@ if _database_url:
         )
     }
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        DATABASES["default"]["OPTIONS"] = {
+            **SQLITE_OPTIONS,
+            **DATABASES["default"].get("OPTIONS", {}),
+        }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": VAR_DIR / "lifeboat.sqlite3",
-            "OPTIONS": {
-                # IMMEDIATE takes the write lock at BEGIN, so two concurrent writers wait
-                # for each other (up to timeout) instead of failing with "database is
-                # locked" when a read transaction tries to upgrade.
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            },
+            "OPTIONS": dict(SQLITE_OPTIONS),
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
