@@ -120,19 +120,27 @@ def token_revoke(request, token_id: int):
     return redirect("dashboard:settings-tokens", request.project.slug)
 
 
+def _create_in_project(request, form, what: str):
+    """Save a valid model form's object in this project; None (and a form error) when the
+    project already has one of that name (the unique constraint, not a racy lookup)."""
+    obj = form.save(commit=False)
+    obj.project = request.project
+    try:
+        with transaction.atomic():
+            obj.save()
+    except IntegrityError:
+        form.add_error("name", f"{what} of this project already has this name.")
+        return None
+    return obj
+
+
 @require_http_methods(["GET", "POST"])
 @project_view(Role.ADMIN)
 def storage_targets(request):
     form = StorageTargetForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        target = form.save(commit=False)
-        target.project = request.project
-        try:
-            with transaction.atomic():
-                target.save()
-        except IntegrityError:
-            form.add_error("name", "A storage target of this project already has this name.")
-        else:
+        target = _create_in_project(request, form, "A storage target")
+        if target is not None:
             audit(
                 request,
                 "storage_target.created",
@@ -154,14 +162,8 @@ def storage_targets(request):
 def launch_profiles(request):
     form = LaunchProfileForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        profile = form.save(commit=False)
-        profile.project = request.project
-        try:
-            with transaction.atomic():
-                profile.save()
-        except IntegrityError:
-            form.add_error("name", "A launch profile of this project already has this name.")
-        else:
+        profile = _create_in_project(request, form, "A launch profile")
+        if profile is not None:
             audit(
                 request,
                 "launch_profile.created",
