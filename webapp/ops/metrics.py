@@ -65,25 +65,21 @@ def collect() -> str:
     out.family("lifeboat_broker_up", "gauge", "1 if the Celery broker answered.")
     out.sample("lifeboat_broker_up", broker_up)
 
-    out.family(
-        "lifeboat_validation_lag_seconds",
-        "gauge",
-        "Age of the oldest checkpoint waiting for (or in) validation; 0 when none.",
+    lags = (
+        (
+            "validation",
+            Checkpoint,
+            ["reported", "verifying"],
+            "checkpoint waiting for (or in) validation",
+        ),
+        ("replication", Replica, ["pending", "uploading"], "replica waiting for (or in) upload"),
     )
-    oldest = Checkpoint.objects.filter(status__in=["reported", "verifying"]).aggregate(
-        t=Min("created_at")
-    )["t"]
-    out.sample("lifeboat_validation_lag_seconds", (now - oldest).total_seconds() if oldest else 0)
-
-    out.family(
-        "lifeboat_replication_lag_seconds",
-        "gauge",
-        "Age of the oldest replica waiting for (or in) upload; 0 when none.",
-    )
-    oldest = Replica.objects.filter(status__in=["pending", "uploading"]).aggregate(
-        t=Min("created_at")
-    )["t"]
-    out.sample("lifeboat_replication_lag_seconds", (now - oldest).total_seconds() if oldest else 0)
+    for name, model, statuses, what in lags:
+        metric = f"lifeboat_{name}_lag_seconds"
+        out.family(metric, "gauge", f"Age of the oldest {what}; 0 when none.")
+        # Both filters match a partial index on the unsettled rows (see the models).
+        oldest = model.objects.filter(status__in=statuses).aggregate(t=Min("created_at"))["t"]
+        out.sample(metric, (now - oldest).total_seconds() if oldest else 0)
 
     out.family(
         "lifeboat_run_last_checkpoint_age_seconds",
