@@ -99,3 +99,14 @@ def test_create_project_refuses_bad_roots_and_scopes():
     with pytest.raises(CommandError, match="unknown scopes"):
         call_command("create_project", "x", "--scopes", "ingest,admin")
     assert not Project.objects.filter(slug="x").exists()
+
+
+def test_a_cached_token_is_refused_as_soon_as_it_is_revoked(api, project):
+    """The token cache saves a query per request, but a revocation in this process
+    takes effect on the next request, not after the cache's lifetime."""
+    token, secret = project.issue_token("trainer", ["ingest"])
+    assert api.post_events(secret, saved(run="r", step=1)).status_code == 202  # cached
+    token.revoke()
+    response = api.post_events(secret, saved(run="r", step=2))
+    assert response.status_code == 401
+    assert response.json() == {"error": "unknown or revoked API token"}

@@ -169,6 +169,10 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "") or ""
 # The largest request body POST /api/v1/events accepts; larger ones get 413.
 EVENTS_MAX_BODY_BYTES = env_int("EVENTS_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024)
 EVENTS_MAX_BATCH = env_int("EVENTS_MAX_BATCH", 1000, minimum=1)
+# How long a web process may trust a token it has looked up (0: every request asks the
+# database). A revoked token is refused at once by the process that revoked it and within
+# this many seconds by the others; it saves a query (about 0.9 ms of CPU) per request.
+API_TOKEN_CACHE_SECONDS = env_int("API_TOKEN_CACHE_SECONDS", 5, minimum=0)
 
 # --- Restore tests (webapp/domain/restore_test.py) ---------------------------------------
 # The latest verified checkpoint of each active run is restore-tested this often.

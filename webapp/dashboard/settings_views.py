@@ -106,10 +106,7 @@ def tokens(request):
 @project_view(Role.ADMIN)
 def token_revoke(request, token_id: int):
     token = get_object_or_404(ApiToken, project=request.project, pk=token_id)
-    if token.revoked_at is None:
-        ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
-        )
+    if token.revoke():
         audit(
             request,
             "token.revoked",

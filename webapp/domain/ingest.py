@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
+from webapp.domain.bulk_sql import insert_rows, select_locked, update_row
 from webapp.domain.event_schema import CHECKPOINT_TYPES, json_safe
 from webapp.domain.models import (
     Checkpoint,
@@ -45,8 +46,8 @@ log = logging.getLogger(__name__)
 
 _ENVELOPE = ("id", "type", "run", "time")
 _EVENT_COLUMNS = (
-    "project",
-    "run",
+    "project_id",
+    "run_id",
     "event_id",
     "type",
     "step",
@@ -79,7 +80,10 @@ def ingest(project: Project, actor: str, events: Sequence, raw: Sequence[dict]) 
 
     with transaction.atomic():
         runs = _lock_runs(project, sorted({events[i].run for i in unique}))
-        rows = [_event_row(project, runs[events[i].run], actor, events[i], raw[i]) for i in unique]
+        now = timezone.now()
+        rows = [
+            _event_row(project, runs[events[i].run], actor, events[i], raw[i], now) for i in unique
+        ]
         inserted = _insert_events(rows)
         fresh = [events[i] for i in unique if events[i].id in inserted]
         # Applied in time order so that a batch replayed from a spool, or events that
@@ -104,8 +108,8 @@ def _lock_runs(project: Project, keys: list[str]) -> dict[str, Run]:
     runs in a different order wait for each other instead of deadlocking."""
 
     def lock():
-        locked = Run.objects.select_for_update().filter(project=project, key__in=keys)
-        return {run.key: run for run in locked.order_by("id")}
+        locked = select_locked(Run, {"project_id": [project.pk], "key": keys})
+        return {run.key: run for run in locked}
 
     runs = lock()
     missing = [key for key in keys if key not in runs]
@@ -119,53 +123,35 @@ def _lock_runs(project: Project, keys: list[str]) -> dict[str, Run]:
     return runs
 
 
-def _event_row(project: Project, run: Run, actor: str, event, raw: dict) -> Event:
+def _event_row(project: Project, run: Run, actor: str, event, raw: dict, now) -> tuple:
     data = {k: v for k, v in raw.items() if k not in _ENVELOPE}
-    return Event(
-        project=project,
-        run=run,
-        event_id=event.id,
-        type=event.type,
-        step=getattr(event, "step", None),
-        time=event.time,
-        received_at=timezone.now(),
-        actor=actor,
-        data=json_safe(data),
-        message="",
+    step = getattr(event, "step", None)
+    return (
+        project.pk,
+        run.pk,
+        event.id,
+        event.type,
+        step,
+        event.time,
+        now,
+        actor,
+        json_safe(data),
+        "",
     )
 
 
-def _insert_events(rows: list[Event]) -> set[uuid.UUID]:
-    """INSERT ... ON CONFLICT DO NOTHING RETURNING event_id: the ids that are new.
-
-    Raw SQL because the ORM's bulk_create cannot both ignore conflicts and say which
-    rows it inserted; the values still go through each field's own conversion."""
-    if not rows:
-        return set()
-    meta = Event._meta
-    fields = [meta.get_field(name) for name in _EVENT_COLUMNS]
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
-    one = "(" + ", ".join(["%s"] * len(fields)) + ")"
-    inserted: set[uuid.UUID] = set()
-    for start in range(0, len(rows), 1000):
-        chunk = rows[start : start + 1000]
-        params = [
-            f.get_db_prep_save(getattr(row, f.attname), connection) for row in chunk for f in fields
-        ]
-        # Only quoted identifiers and %s placeholders are formatted in; values are params.
-        sql = "".join(
-            [
-                f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ",  # noqa: S608
-                ", ".join([one] * len(chunk)),
-                f" ON CONFLICT ({quote('project_id')}, {quote('event_id')}) DO NOTHING",
-                f" RETURNING {quote('event_id')}",
-            ]
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            inserted.update(uuid.UUID(str(value)) for (value,) in cursor.fetchall())
-    return inserted
+def _insert_events(rows: list[tuple]) -> set[uuid.UUID]:
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING event_id: the ids that are new."""
+    inserted = insert_rows(
+        Event,
+        _EVENT_COLUMNS,
+        rows,
+        ignore_conflicts_on=("project_id", "event_id"),
+        returning=("event_id",),
+    )
+    return {
+        value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)) for (value,) in inserted
+    }
 
 
 def _later(current: datetime | None, new: datetime) -> bool:
@@ -352,11 +338,7 @@ class _Applier:
             return
         run_ids = {run_id for run_id, _ in wanted}
         steps = {step for _, step in wanted}
-        existing = (
-            Checkpoint.objects.select_for_update()
-            .filter(run_id__in=run_ids, step__in=steps)
-            .order_by("id")
-        )
+        existing = select_locked(Checkpoint, {"run_id": sorted(run_ids), "step": sorted(steps)})
         for checkpoint in existing:
             key = (checkpoint.run_id, checkpoint.step)
             if key in wanted:
@@ -365,6 +347,8 @@ class _Applier:
         # a re-save without a query per checkpoint.
         saved_ids = [c.pk for c in self.checkpoints.values() if c.saved_at is not None]
         self.known_files: dict[int, list] = {pk: [] for pk in saved_ids}
+        if not saved_ids:
+            return
         for pk, path, size, sha in CheckpointFile.objects.filter(
             checkpoint_id__in=saved_ids
         ).values_list("checkpoint_id", "path", "size", "sha256"):
@@ -381,7 +365,7 @@ class _Applier:
             checkpoint = self.checkpoints[key]
             self._set(checkpoint, "validation_enqueued_at", now)
         if self.new_checkpoints:
-            Checkpoint.objects.bulk_create(self.new_checkpoints)
+            _insert_checkpoints(self.new_checkpoints)
         if self.changed_checkpoints:
             by_pk = {c.pk: c for c in self.checkpoints.values()}
             changed = [by_pk[pk] for pk in sorted(self.changed_checkpoints)]
@@ -394,17 +378,21 @@ class _Applier:
             resaved = [pk for pk in ids.values() if self.known_files.get(pk)]
             if resaved:  # new checkpoints have no files to replace
                 CheckpointFile.objects.filter(checkpoint_id__in=resaved).delete()
-            CheckpointFile.objects.bulk_create(
+            insert_rows(
+                CheckpointFile,
+                ("checkpoint_id", "path", "size", "sha256"),
                 [
-                    CheckpointFile(checkpoint_id=ids[key], path=path, size=size, sha256=sha)
+                    (ids[key], path, size, sha)
                     for key, files in self.replaced_files.items()
                     for path, size, sha in files
                 ],
-                batch_size=2000,
             )
         by_pk = {r.pk: r for r in self.runs.values()}
         for pk, names in sorted(self.dirty_runs.items()):
-            by_pk[pk].save(update_fields=sorted(names))
+            run = by_pk[pk]
+            update_row(
+                Run, pk, {_attname(Run, name): getattr(run, _attname(Run, name)) for name in names}
+            )
         self._flush_metrics()
 
         to_validate = sorted(self.checkpoints[key].pk for key in self.to_validate)
@@ -431,6 +419,28 @@ class _Applier:
             update_fields=["values", "time"],
             batch_size=2000,
         )
+
+
+def _attname(model, name: str) -> str:
+    return model._meta.get_field(name).attname
+
+
+_CHECKPOINT_FIELDS: tuple | None = None
+
+
+def _insert_checkpoints(checkpoints: list[Checkpoint]) -> None:
+    """Insert new checkpoints in one statement and give each its primary key."""
+    global _CHECKPOINT_FIELDS
+    if _CHECKPOINT_FIELDS is None:
+        _CHECKPOINT_FIELDS = tuple(
+            f.attname for f in Checkpoint._meta.concrete_fields if not f.primary_key
+        )
+    rows = [tuple(getattr(c, name) for name in _CHECKPOINT_FIELDS) for c in checkpoints]
+    back = insert_rows(Checkpoint, _CHECKPOINT_FIELDS, rows, returning=("id", "run_id", "step"))
+    ids = {(run_id, step): pk for pk, run_id, step in back}
+    for checkpoint in checkpoints:
+        checkpoint.pk = ids[(checkpoint.run_id, checkpoint.step)]
+        checkpoint._state.adding = False
 
 
 def enqueue_validations(checkpoint_ids: list[int]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
 from pathlib import PurePosixPath
 
 from django.conf import settings
@@ -12,6 +13,15 @@ from django.db import models
 from django.utils import timezone
 
 TOKEN_PREFIX = "lb_"  # noqa: S105 (a prefix, not a secret)
+
+# Tokens this process has looked up: digest -> (token, monotonic expiry). Only valid
+# tokens are kept, so guessing cannot fill it. Cleared by every save of a token or a
+# project in this process (webapp/domain/signals.py) and by revoke().
+_token_cache: dict[str, tuple[ApiToken, float]] = {}
+
+
+def forget_cached_tokens() -> None:
+    _token_cache.clear()
 
 
 class Role(models.TextChoices):
@@ -135,8 +145,27 @@ class ApiToken(models.Model):
 
     @classmethod
     def authenticate(cls, secret: str) -> ApiToken | None:
+        """The valid token with this secret, or None.
+
+        A token found is trusted for API_TOKEN_CACHE_SECONDS by this process: it saves
+        a query (about 0.9 ms of CPU) on every request of the ingest path. A revocation
+        takes effect at once in the process that made it, within that time elsewhere."""
         if not secret.startswith(TOKEN_PREFIX):
             return None
+        digest = cls.digest_of(secret)
+        now = time.monotonic()
+        hit = _token_cache.get(digest)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        token = cls._look_up(secret)
+        if token is None:
+            _token_cache.pop(digest, None)
+        elif settings.API_TOKEN_CACHE_SECONDS:
+            _token_cache[digest] = (token, now + settings.API_TOKEN_CACHE_SECONDS)
+        return token
+
+    @classmethod
+    def _look_up(cls, secret: str) -> ApiToken | None:
         token = (
             cls.objects.select_related("project")
             .filter(digest=cls.digest_of(secret), revoked_at__isnull=True)
@@ -153,6 +182,17 @@ class ApiToken(models.Model):
         if self.last_used_at is None or (now - self.last_used_at).total_seconds() > 60:
             ApiToken.objects.filter(pk=self.pk).update(last_used_at=now)
             self.last_used_at = now
+
+    def revoke(self) -> bool:
+        """Revoke the token; False when it already was."""
+        now = timezone.now()
+        changed = ApiToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
+            revoked_at=now
+        )
+        forget_cached_tokens()
+        if changed:
+            self.revoked_at = now
+        return bool(changed)
 
     def allows(self, scope: str) -> bool:
         return scope in self.scopes
