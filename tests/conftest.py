@@ -250,6 +250,10 @@ class WebServer:
                 f"127.0.0.1:{self.port}",
                 "-w",
                 "2",
+                # Threaded workers, as deployed: concurrent requests share a transaction
+                # (webapp/domain/group_commit.py).
+                "--threads",
+                "4",
             ],
             cwd=ROOT,
             env=self.env,

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import zlib
 
+import orjson
 from django.conf import settings
-from ninja import Router, Schema, Status
+from django.http import HttpResponse
+from ninja import Router, Schema
 
 from webapp.api.auth import ingest_auth
 from webapp.api.errors import ApiError
 from webapp.domain.event_schema import EventError, parse_event
-from webapp.domain.ingest import ingest
+from webapp.domain.group_commit import apply_events
 
 router = Router(tags=["events"])
 
@@ -80,9 +82,15 @@ def _decode(body: bytes):
     if not body.strip():
         raise ApiError(400, 'empty body: send one event or {"events": [...]}')
     try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ApiError(400, f"body is not valid JSON: {exc}") from None
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        # orjson is about 4x faster, but refuses what the stdlib (and Python clients)
+        # accept: NaN and Infinity, integers over 64 bits. The stdlib decides, and its
+        # message is the one given.
+        try:
+            payload = json.loads(body)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise ApiError(400, f"body is not valid JSON: {exc}") from None
     if b"\\u0000" in body and _has_nul(payload):
         # PostgreSQL text and jsonb cannot hold NUL; refuse it here with a clear word.
         raise ApiError(400, "strings must not contain NUL (\\u0000)")
@@ -138,17 +146,17 @@ def post_events(request):
     except EventError as exc:
         raise ApiError(400, str(exc), index=exc.index, field=exc.field) from None
     token = request.auth
-    result = ingest(token.project, token.actor, events, raw_events)
-    results = [
-        {"id": str(event.id), "status": status}
-        for event, status in zip(events, result.statuses, strict=True)
-    ]
-    return Status(
-        202,
-        {
-            "accepted": len(events),
-            "created": len(result.created),
-            "duplicates": len(result.duplicates),
-            "results": results,
-        },
-    )
+    result = apply_events(token.project, token.actor, events, raw_events)
+    body = {
+        "accepted": len(events),
+        "created": len(result.created),
+        "duplicates": len(result.duplicates),
+        "results": [
+            {"id": str(event.id), "status": status}
+            for event, status in zip(events, result.statuses, strict=True)
+        ],
+    }
+    # Written directly (the shape is IngestOut's, which the OpenAPI document gives):
+    # ninja's check of the response against the schema took a twelfth of the CPU of
+    # a 1000-event batch.
+    return HttpResponse(orjson.dumps(body), status=202, content_type="application/json")

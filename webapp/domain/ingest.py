@@ -68,11 +68,15 @@ class IngestResult:
     statuses: list[str] = field(default_factory=list)
 
 
-def ingest(project: Project, actor: str, events: Sequence, raw: Sequence[dict]) -> IngestResult:
+def ingest(
+    project: Project, actor: str | Sequence[str], events: Sequence, raw: Sequence[dict]
+) -> IngestResult:
     """Store and apply validated events (event_schema models) with their raw dicts.
 
-    Returns which event ids were new and which were repeats (of an earlier delivery, or
-    of an earlier event in the same batch)."""
+    actor: who sent them, or one actor per event (webapp/domain/group_commit.py applies
+    the requests of several tokens together). Returns which event ids were new and which
+    were repeats (of an earlier delivery, or of an earlier event in the same batch)."""
+    actors = [actor] * len(events) if isinstance(actor, str) else actor
     firsts: dict[uuid.UUID, int] = {}
     for i, event in enumerate(events):
         firsts.setdefault(event.id, i)
@@ -82,7 +86,8 @@ def ingest(project: Project, actor: str, events: Sequence, raw: Sequence[dict]) 
         runs = _lock_runs(project, sorted({events[i].run for i in unique}))
         now = timezone.now()
         rows = [
-            _event_row(project, runs[events[i].run], actor, events[i], raw[i], now) for i in unique
+            _event_row(project, runs[events[i].run], actors[i], events[i], raw[i], now)
+            for i in unique
         ]
         inserted = _insert_events(rows)
         fresh = [events[i] for i in unique if events[i].id in inserted]
@@ -266,8 +271,8 @@ class _Applier:
         checkpoint = self.checkpoints.get(key)
         if checkpoint is None:
             checkpoint = Checkpoint(
-                project=self.project,
-                run=run,
+                project_id=self.project.pk,
+                run_id=run.pk,
                 step=step,
                 status=CheckpointStatus.SAVING,
             )
@@ -456,7 +461,10 @@ def enqueue_validations(checkpoint_ids: list[int]) -> None:
 
     if len(checkpoint_ids) > 1:
         try:
-            dispatch_validations.apply_async((list(checkpoint_ids),))
+            # argsrepr: Celery would otherwise write a repr of every id into the header.
+            dispatch_validations.apply_async(
+                (list(checkpoint_ids),), argsrepr=f"[{len(checkpoint_ids)} checkpoint ids]"
+            )
         except Exception:
             log.exception(
                 "could not reach the broker to enqueue %d validations", len(checkpoint_ids)

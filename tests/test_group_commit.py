@@ -1,0 +1,102 @@
+"""Group commit (webapp/domain/group_commit.py): concurrent requests of one web process
+share a transaction, and each still gets exactly its own answer."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+from django.db import connection
+
+from tests.conftest import WebServer, saved
+from webapp.domain.group_commit import GroupCommitter, _Request
+from webapp.domain.models import Checkpoint, CheckpointFile, Event, Project
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_concurrent_requests_share_transactions_and_each_gets_its_own_statuses(project, worker_env):
+    token = project.issue_token("t", ["ingest"])[1]
+    # 60 events, each sent twice at the same moment by two different threads.
+    events = [saved(run=f"run-{i % 3}", step=i, t=i) for i in range(60)]
+    answers: dict[str, list[str]] = {e["id"]: [] for e in events}
+    failures: list = []
+    lock = threading.Lock()
+    web = WebServer(worker_env)
+
+    def send(batch):
+        for body in batch:
+            status, answer = web.post_events(token, body)
+            with lock:
+                if status != 202:
+                    failures.append((status, answer))
+                    continue
+                assert answer["results"][0]["id"] == body["id"]
+                answers[body["id"]].append(answer["results"][0]["status"])
+
+    try:
+        threads = [threading.Thread(target=send, args=(events[k::8],)) for k in range(8)]
+        threads += [threading.Thread(target=send, args=(events[k::8][::-1],)) for k in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        web.stop()
+
+    assert failures == []
+    # Each event: one copy created, the other a duplicate, whichever came first.
+    assert all(sorted(s) == ["created", "duplicate"] for s in answers.values()), answers
+    assert Event.objects.count() == 60
+    assert Checkpoint.objects.count() == 60
+    assert CheckpointFile.objects.count() == 120
+    # One transaction stamps all its events with one received_at: several single-event
+    # requests shared one, which one transaction per request never does.
+    shared = Counter(Event.objects.values_list("received_at", flat=True))
+    assert max(shared.values()) > 1
+
+
+def _request(project, actor, body):
+    from webapp.domain.event_schema import parse_event
+
+    return _Request(project, actor, [parse_event(0, body)], [body])
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="needs a value PostgreSQL refuses (NUL in jsonb)"
+)
+def test_a_request_that_fails_in_the_database_does_not_fail_its_group(project):
+    bad_body = saved(step=1)
+    bad_body["note"] = "nul \x00 here"  # jsonb cannot hold it; the endpoint refuses it
+    good, bad = _request(project, "token:a", saved(step=2)), _request(project, "token:b", bad_body)
+    GroupCommitter(1000)._apply([bad, good])
+
+    assert good.done.is_set() and bad.done.is_set()
+    assert good.error is None and good.result.statuses == ["created"]
+    assert bad.error is not None and bad.result is None
+    assert list(Checkpoint.objects.values_list("step", flat=True)) == [2]
+    assert Event.objects.get().actor == "token:a"
+
+
+def test_a_group_spanning_projects_and_tokens_keeps_each_apart(project, other_project):
+    a = _request(project, "token:a", saved(run="same", step=1))
+    b = _request(other_project, "token:b", saved(run="same", step=1))
+    c = _request(project, "token:c", saved(run="same", step=2))
+    committer = GroupCommitter(1000)
+    committer._apply([a, b, c])
+
+    assert [r.result.statuses for r in (a, b, c)] == [["created"]] * 3
+    assert sorted(Event.objects.values_list("actor", flat=True)) == [
+        "token:a",
+        "token:b",
+        "token:c",
+    ]
+    assert set(
+        Project.objects.get(pk=project.pk).runs.get().checkpoints.values_list("step", flat=True)
+    ) == {1, 2}
+    assert list(
+        Project.objects.get(pk=other_project.pk)
+        .runs.get()
+        .checkpoints.values_list("step", flat=True)
+    ) == [1]
