@@ -99,6 +99,11 @@ if _database_url:
             **SQLITE_OPTIONS,
             **DATABASES["default"].get("OPTIONS", {}),
         }
+    elif env_bool("DB_PREPARED_STATEMENTS", True):
+        # The ingest path's statements (webapp/domain/bulk_sql.py) are prepared once per
+        # connection; Django's own queries bind on the client and are never prepared.
+        # Off for a PgBouncer in transaction mode older than 1.21.
+        DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
@@ -164,6 +169,8 @@ LOGGING = {
 
 # Prometheus scrapes /metrics; with a token set it must send it as a bearer token.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "") or ""
+# How often (ms) each web process adds its API latency counts to Redis (webapp/ops/latency.py).
+LATENCY_FLUSH_MS = env_int("LATENCY_FLUSH_MS", 1000, minimum=0)
 
 # --- Ingest API ----------------------------------------------------------------------
 # The largest request body POST /api/v1/events accepts; larger ones get 413.
@@ -173,6 +180,9 @@ EVENTS_MAX_BATCH = env_int("EVENTS_MAX_BATCH", 1000, minimum=1)
 # database). A revoked token is refused at once by the process that revoked it and within
 # this many seconds by the others; it saves a query (about 0.9 ms of CPU) per request.
 API_TOKEN_CACHE_SECONDS = env_int("API_TOKEN_CACHE_SECONDS", 5, minimum=0)
+# Apply the events of concurrent requests of one web process in one transaction
+# (webapp/domain/group_commit.py). Pays off with gunicorn's threaded workers.
+INGEST_GROUP_COMMIT = env_bool("INGEST_GROUP_COMMIT", True)
 
 # --- Restore tests (webapp/domain/restore_test.py) ---------------------------------------
 # The latest verified checkpoint of each active run is restore-tested this often.

@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from functools import lru_cache
 
+import orjson
 import psycopg
 from django.db import connection, models
 
@@ -31,6 +32,15 @@ _SQLITE_ROWS_PER_STATEMENT = 500
 def _fields(model: type[models.Model], attnames: tuple[str, ...]) -> tuple:
     by_attname = {f.attname: f for f in model._meta.concrete_fields}
     return tuple(by_attname[name] for name in attnames)
+
+
+def _json_text(value) -> str:
+    # orjson is several times faster than json; it refuses what JSON cannot hold
+    # (NaN, integers over 64 bits), which the stdlib then writes as Django would.
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value)
 
 
 def _is_json(field) -> bool:
@@ -71,25 +81,32 @@ def _insert_postgresql(table, columns, fields, rows, tail, returning) -> list[tu
     arrays = []
     for i, field in enumerate(fields):
         if _is_json(field):
-            arrays.append([None if row[i] is None else json.dumps(row[i]) for row in rows])
+            arrays.append([None if row[i] is None else _json_text(row[i]) for row in rows])
         else:
             arrays.append([row[i] for row in rows])
+    sql = _postgresql_insert(table, columns, fields, tail)
+    # A plain psycopg cursor binds on the server (Django's own cursor would quote every
+    # element of every array in Python), and psycopg prepares a statement it sees often.
+    with _cursor() as cursor:
+        cursor.execute(sql, arrays, prepare=True)
+        return cursor.fetchall() if returning else []
+
+
+@lru_cache(maxsize=64)
+def _postgresql_insert(table: str, columns: str, fields: tuple, tail: str) -> str:
+    # %b: arrays go in psycopg's binary format (the text format escapes every string
+    # element with a regular expression).
     unnest = ", ".join(
-        "%s::text[]" if _is_json(f) else f"%s::{f.db_type(connection)}[]" for f in fields
+        "%b::text[]" if _is_json(f) else f"%b::{f.db_type(connection)}[]" for f in fields
     )
     names = [f"c{i}" for i in range(len(fields))]
     select = ", ".join(
         f"{name}::jsonb" if _is_json(f) else name for name, f in zip(names, fields, strict=True)
     )
-    sql = (
+    return (
         f"INSERT INTO {table} ({columns}) SELECT {select} "  # noqa: S608 (identifiers only)
         f"FROM unnest({unnest}) AS u({', '.join(names)}){tail}"
     )
-    # A plain psycopg cursor binds on the server (Django's own cursor would quote every
-    # element of every array in Python), and psycopg prepares a statement it sees often.
-    with _cursor() as cursor:
-        cursor.execute(sql, arrays)
-        return cursor.fetchall() if returning else []
 
 
 def _insert_portable(table, columns, fields, rows, tail, returning) -> list[tuple]:
@@ -123,7 +140,7 @@ def update_row(model: type[models.Model], pk, values: dict) -> None:
     table, pk_column = quote(model._meta.db_table), quote(model._meta.pk.column)
     sql = f"UPDATE {table} SET {assignments} WHERE {pk_column} = %s"  # noqa: S608
     with _cursor() as cursor:
-        cursor.execute(sql, params)
+        _execute(cursor, sql, params)
 
 
 def select_locked(model: type[models.Model], where: dict[str, Sequence]) -> list:
@@ -154,7 +171,7 @@ def select_locked(model: type[models.Model], where: dict[str, Sequence]) -> list
         f" ORDER BY {quote(meta.pk.column)}{lock}"
     )
     with _cursor() as cursor:
-        cursor.execute(sql, params)
+        _execute(cursor, sql, params)
         rows = cursor.fetchall()
     converters = _converters(model)
     names = [f.attname for f in fields]
@@ -191,6 +208,16 @@ def _converters(model: type[models.Model]) -> tuple:
 
         out.append(convert)
     return tuple(out)
+
+
+def _execute(cursor, sql: str, params) -> None:
+    if isinstance(cursor, psycopg.Cursor):
+        # Prepared once per connection and statement text: PostgreSQL then skips the
+        # parse and reuses its plan (about 0.1-0.2 ms of its CPU per statement). Django
+        # leaves psycopg's automatic preparation off.
+        cursor.execute(sql, params, prepare=True)
+    else:
+        cursor.execute(sql, params)
 
 
 def _cursor():
