@@ -65,3 +65,25 @@ def test_healthz_says_what_is_down(client, settings, queues):
     answer = client.get("/healthz")
     assert answer.status_code == 503
     assert answer.json()["broker"].startswith("error") and answer.json()["database"] == "ok"
+
+
+def test_latency_counts_are_buffered_and_none_is_lost(settings, queues):
+    """Each process writes its counts to Redis at most every LATENCY_FLUSH_MS; the
+    requests in between are added with the next write, not dropped."""
+    from webapp.ops import latency
+
+    latency.client().delete(latency.KEY)
+    latency._pending.clear()
+    latency._last_flush = 0.0  # long ago: the next request writes
+    settings.LATENCY_FLUSH_MS = 60_000
+    latency.record("events", "POST", 0.003)  # the first write of this interval
+    latency.record("events", "POST", 0.004)
+    latency.record("events", "POST", 0.2)
+    stored = latency.histograms()["POST events"]
+    assert sum(v for k, v in stored.items() if k != "sum") == 1  # two are still buffered
+
+    settings.LATENCY_FLUSH_MS = 0
+    latency.record("events", "POST", 0.004)
+    stored = latency.histograms()["POST events"]
+    assert stored["0.005"] == 3 and stored["0.25"] == 1
+    assert stored["sum"] == pytest.approx(0.211)
