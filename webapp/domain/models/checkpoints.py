@@ -29,7 +29,11 @@ class Checkpoint(models.Model):
     project = models.ForeignKey(
         "domain.Project", on_delete=models.CASCADE, related_name="checkpoints"
     )
-    run = models.ForeignKey("domain.Run", on_delete=models.CASCADE, related_name="checkpoints")
+    # No index of its own: checkpoint_run_step_unique and the others lead with run_id,
+    # and every index is one more write per checkpoint on the ingest path.
+    run = models.ForeignKey(
+        "domain.Run", on_delete=models.CASCADE, related_name="checkpoints", db_index=False
+    )
     step = models.BigIntegerField()
     epoch = models.IntegerField(null=True, blank=True)
     saved_at = models.DateTimeField(null=True, blank=True)
@@ -172,7 +176,10 @@ class CheckpointActionRefused(Exception):
 class CheckpointFile(models.Model):
     """One file of a checkpoint, as the client reported it (size and sha256)."""
 
-    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, related_name="files")
+    # Indexed by checkpoint_file_unique (checkpoint, path).
+    checkpoint = models.ForeignKey(
+        Checkpoint, on_delete=models.CASCADE, related_name="files", db_index=False
+    )
     path = models.CharField(max_length=1000)
     size = models.BigIntegerField()
     sha256 = models.CharField(max_length=64)

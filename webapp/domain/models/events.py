@@ -8,9 +8,18 @@ from django.utils import timezone
 
 
 class Event(models.Model):
-    project = models.ForeignKey("domain.Project", on_delete=models.CASCADE, related_name="events")
+    # No indexes of their own: event_id_unique and event_project_received lead with the
+    # project, event_run_time with the run, and every index is one more write per event.
+    project = models.ForeignKey(
+        "domain.Project", on_delete=models.CASCADE, related_name="events", db_index=False
+    )
     run = models.ForeignKey(
-        "domain.Run", null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+        "domain.Run",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="events",
+        db_index=False,
     )
     # The client's UUID; unique per project so a token of one project can neither
     # collide with nor probe the ids of another.
