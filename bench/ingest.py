@@ -931,7 +931,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         metavar="SPEC",
         help="a gunicorn setting to try: sync:N or gthread:NxT (repeatable; default: "
-        "sync:2, sync:3, sync:4, gthread:2x4)",
+        "sync:3, gthread:2x4, gthread:2x8, gthread:3x8)",
     )
     parser.add_argument("--gunicorn-workers", type=int,
                         help="measure only this many workers (see --gunicorn-threads)")  # fmt: skip
@@ -961,13 +961,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.duration, args.warmup = min(args.duration, 8), min(args.warmup, 2)
         if not args.gunicorn and not args.gunicorn_workers:
-            args.gunicorn = [parse_gunicorn("sync:2")]
+            args.gunicorn = [parse_gunicorn("gthread:2x8")]
     if args.gunicorn_workers:
         kind = "gthread" if args.gunicorn_threads > 1 else "sync"
         size = f"{args.gunicorn_workers}x{args.gunicorn_threads}" if kind == "gthread" else ""
         args.gunicorn = [parse_gunicorn(f"{kind}:{size or args.gunicorn_workers}")]
     if not args.gunicorn:
-        args.gunicorn = [parse_gunicorn(s) for s in ("sync:2", "sync:3", "sync:4", "gthread:2x4")]
+        # Threaded workers let concurrent requests share a transaction (group commit).
+        args.gunicorn = [
+            parse_gunicorn(s) for s in ("sync:3", "gthread:2x4", "gthread:2x8", "gthread:3x8")
+        ]
     args.modes = [m for m in args.modes.split(",") if m]
     if set(args.modes) - {"single", "batched"}:
         parser.error("--modes takes single and/or batched")

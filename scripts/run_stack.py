@@ -374,7 +374,9 @@ def gunicorn_control_socket_off() -> list[str]:
 
 def start_app(env: dict[str, str], bind: str) -> None:
     workers = env.get("WEB_CONCURRENCY", "3")
-    web = [BIN / "gunicorn", "webapp.wsgi", "-b", bind, "-w", workers, "--access-logfile", "-"]
+    # Threads: the event requests a process holds at one moment share one transaction.
+    web = [BIN / "gunicorn", "webapp.wsgi", "-b", bind, "-w", workers, "--threads", "8"]
+    web += ["--access-logfile", "-"]
     start("web", [*web, *gunicorn_control_socket_off()], env)
     worker = [BIN / "celery", "-A", "workers", "worker", "-Q", QUEUES, "-l", "info"]
     start("worker", [*worker, "--concurrency", "2"], env)
