@@ -100,3 +100,24 @@ def test_a_group_spanning_projects_and_tokens_keeps_each_apart(project, other_pr
         .runs.get()
         .checkpoints.values_list("step", flat=True)
     ) == [1]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="ends PostgreSQL sessions")
+def test_a_database_connection_that_died_is_replaced_without_failing_a_request(project, worker_env):
+    """The committer checks its connection at most once a second; one that died in
+    between (a restart, a failover) is replaced and the request still gets its 202."""
+    token = project.issue_token("t", ["ingest"])[1]
+    web = WebServer(worker_env)
+    try:
+        assert web.post_events(token, saved(step=1))[0] == 202
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            assert cursor.fetchone()[0] >= 1  # the web server's connections
+        statuses = [web.post_events(token, saved(step=s))[0] for s in range(2, 6)]
+    finally:
+        web.stop()
+    assert statuses == [202] * 4
+    assert sorted(Checkpoint.objects.values_list("step", flat=True)) == [1, 2, 3, 4, 5]

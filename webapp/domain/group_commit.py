@@ -23,11 +23,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections
 
 from webapp.domain.ingest import IngestResult, ingest
 
@@ -53,6 +54,8 @@ class GroupCommitter:
         self._start_lock = threading.Lock()
         self.groups = 0  # transactions run, for tests and logs
         self.largest_group = 0
+        self._checked_at = 0.0
+        self._failed = False
 
     def submit(self, project, actor: str, events: Sequence, raw: Sequence[dict]) -> IngestResult:
         """Apply the events; return once they are committed (or raise what failed)."""
@@ -97,8 +100,13 @@ class GroupCommitter:
                         request.done.set()
 
     def _apply(self, group: list[_Request]) -> None:
-        # As a request would: drop a connection that broke or outlived CONN_MAX_AGE.
-        close_old_connections()
+        # As a request would: drop a connection that broke or outlived CONN_MAX_AGE. Not
+        # before every transaction: with CONN_HEALTH_CHECKS that costs a round trip each
+        # time; after a failure, and otherwise once a second, is enough.
+        now = time.monotonic()
+        if self._failed or now - self._checked_at > 1.0:
+            close_old_connections()
+            self._checked_at, self._failed = now, False
         self.groups += 1
         self.largest_group = max(self.largest_group, len(group))
         by_project: dict[int, list[_Request]] = {}
@@ -111,22 +119,34 @@ class GroupCommitter:
             try:
                 self._apply_together(requests)
             except Exception:
+                self._failed = True
                 log.warning(
                     "a group of %d requests failed together; applying each alone",
                     len(requests),
                     exc_info=True,
                 )
-                close_old_connections()
+                close_old_connections()  # a broken connection is not used again
                 for request in requests:
                     self._apply_alone(request)
 
-    @staticmethod
-    def _apply_alone(request: _Request) -> None:
+    def _apply_alone(self, request: _Request) -> None:
         try:
-            request.result = ingest(request.project, request.actor, request.events, request.raw)
+            request.result = self._ingest(request)
         except BaseException as exc:
+            self._failed = True
             request.error = exc
         request.done.set()
+
+    @staticmethod
+    def _ingest(request: _Request) -> IngestResult:
+        try:
+            return ingest(request.project, request.actor, request.events, request.raw)
+        except (OperationalError, InterfaceError):
+            # The connection may have died since it was last checked (a database
+            # restart, a failover): once more on a new one. Safe: ingest is idempotent
+            # by event id.
+            close_old_connections()
+            return ingest(request.project, request.actor, request.events, request.raw)
 
     @staticmethod
     def _apply_together(requests: list[_Request]) -> None:
