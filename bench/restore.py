@@ -15,8 +15,14 @@ by round:
              pass, the load in a child process (weights_only), every tensor moved to the
              device (the GPU when there is one), timings written to the database
 
+The rounds measure a warm restore worker: its loader (restore_load --serve) has imported
+torch already, as it has once the worker has started (worker_process_init) or has run one
+restore test, and each load runs in a child forked from it. Before them, one cold round
+(with its own boto3 round) measures a restore test that has to start the loader itself;
+it is printed apart and is not in the medians.
+
 The page cache is dropped of the downloaded file between phases (it is deleted). Target
-(issue #6): lifeboat <= 1.3x boto3's time.
+(issue #6): lifeboat (warm) <= 1.3x boto3's time.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ def main() -> int:
         StorageTarget,
         Validation,
     )
+    from webapp.domain.validation.inspector import warm_helper
     from workers.replicate import replicate
 
     client = boto3.client(
@@ -109,29 +116,44 @@ def main() -> int:
     results: dict[str, list[float]] = {"boto3": [], "lifeboat": []}
     phases: list[dict] = []
     load_before = os.getloadavg()
-    try:
-        for round_ in range(args.rounds):
-            target_path = work / "boto3" / "model.pt"
-            target_path.parent.mkdir(exist_ok=True)
-            start = time.perf_counter()
-            client.download_file(bucket, key, str(target_path))
-            loaded = torch.load(target_path, weights_only=True)
-            results["boto3"].append(time.perf_counter() - start)
-            del loaded
-            shutil.rmtree(target_path.parent)
 
-            validation = Validation.objects.create(checkpoint=checkpoint, kind="restore")
-            start = time.perf_counter()
-            outcome = restore_test.run(validation.pk)
-            results["lifeboat"].append(time.perf_counter() - start)
-            validation.refresh_from_db()
-            if outcome != "passed":
-                print(f"the restore test did not pass: {validation.message}")
-                return 1
-            phases.append(validation.timings)
+    def boto3_round() -> float:
+        target_path = work / "boto3" / "model.pt"
+        target_path.parent.mkdir(exist_ok=True)
+        start = time.perf_counter()
+        client.download_file(bucket, key, str(target_path))
+        loaded = torch.load(target_path, weights_only=True)
+        elapsed = time.perf_counter() - start
+        del loaded
+        shutil.rmtree(target_path.parent)
+        return elapsed
+
+    def lifeboat_round() -> tuple[float, dict]:
+        validation = Validation.objects.create(checkpoint=checkpoint, kind="restore")
+        start = time.perf_counter()
+        outcome = restore_test.run(validation.pk)
+        elapsed = time.perf_counter() - start
+        validation.refresh_from_db()
+        if outcome != "passed":
+            raise SystemExit(f"the restore test did not pass: {validation.message}")
+        return elapsed, {**validation.timings, "wall_s": elapsed, "device": validation.device}
+
+    try:
+        # Cold: no loader yet, so this restore test starts it (and imports torch).
+        warm_helper(restore_test.LOADER_MODULE).stop()
+        cold_boto3 = boto3_round()
+        cold, cold_timings = lifeboat_round()
+        print(f"cold round: boto3 {cold_boto3:.2f} s, lifeboat {cold:.2f} s "
+              f"({cold / cold_boto3:.2f}x; load phase {cold_timings['load_s']:.2f} s, "
+              f"total_s {cold_timings['total_s']:.2f} s)", flush=True)  # fmt: skip
+        for round_ in range(args.rounds):
+            results["boto3"].append(boto3_round())
+            elapsed, timings = lifeboat_round()
+            results["lifeboat"].append(elapsed)
+            phases.append(timings)
             print(
                 f"round {round_ + 1}: boto3 {results['boto3'][-1]:.2f} s, lifeboat "
-                f"{results['lifeboat'][-1]:.2f} s ({validation.device})",
+                f"{elapsed:.2f} s ({timings['device']}, warm loader)",
                 flush=True,
             )
     finally:
@@ -153,11 +175,18 @@ def main() -> int:
     print(f"{'':34} {'median s':>9} {'MiB/s':>7} {'x boto3':>8}")
     print(f"{'boto3 download_file + torch.load':34} {boto3_s:9.2f} {size / MiB / boto3_s:7.0f} "
           f"{1.0:8.2f}")  # fmt: skip
-    print(f"{'lifeboat restore test':34} {lifeboat_s:9.2f} {size / MiB / lifeboat_s:7.0f} "
-          f"{lifeboat_s / boto3_s:8.2f}")  # fmt: skip
+    print(f"{'lifeboat restore test (warm)':34} {lifeboat_s:9.2f} "
+          f"{size / MiB / lifeboat_s:7.0f} {lifeboat_s / boto3_s:8.2f}")  # fmt: skip
     for name in ("download_verify_s", "load_s", "to_device_s"):
         print(f"  {name:32} {statistics.median(p[name] for p in phases):9.2f}")
-    print("target: lifeboat <= 1.3x boto3's time")
+    # What the phases leave out: the manifest read and URLs before the download, the
+    # fork of the load child and its answer, and the records written after it.
+    rest = [p["wall_s"] - p["download_verify_s"] - p["load_s"] - p["to_device_s"] for p in phases]
+    print(f"  {'rest (manifest, fork, records)':32} {statistics.median(rest):9.2f}")
+    print(f"{'lifeboat restore test (cold)':34} {cold:9.2f} {size / MiB / cold:7.0f} "
+          f"{cold / cold_boto3:8.2f}   (one round: the test starts the loader; "
+          f"boto3 {cold_boto3:.2f} s beside it)")  # fmt: skip
+    print("target: lifeboat (warm) <= 1.3x boto3's time")
     return 0
 
 

@@ -1,18 +1,25 @@
 """Restore tests against a real S3 server: a good replica comes back, verified, loaded
-and timed; a replica damaged in S3 fails clearly; and a real worker on the `restore`
-queue runs one asked for through the API."""
+and timed; a replica damaged in S3 fails clearly (also a file big enough for parallel
+ranged GETs); the warm loader that runs the load fails a test clearly and is replaced when
+it is killed or hangs, and lives on when a load runs out of memory; and a real worker on
+the `restore` queue starts its loader and runs a test asked for through the API."""
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
 
+from lifeboat.download import CHUNK
 from tests.conftest import queued_tasks, saved, start_worker, stop_worker, wait_for
 from webapp.domain import restore_test as rt
 from webapp.domain.models import Checkpoint, Replica, StorageTarget, Validation
 from webapp.domain.replication import policy
+from webapp.domain.validation import inspector
 from workers.replicate import replicate
 from workers.validate import validate_checkpoint
 
@@ -22,18 +29,28 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def replicated(api, token, project, s3, tmp_path, settings):
     """A verified two-file torch checkpoint with a verified replica on the test S3."""
+    generator = torch.Generator().manual_seed(0)
+    files = {
+        "model.pt": {"w": torch.randn(256, 256, generator=generator)},
+        "optim.pt": {"step": 7, "m": torch.zeros(256)},
+    }
+    return replicate_checkpoint(files, api, token, project, s3, tmp_path, settings)
+
+
+def replicate_checkpoint(files: dict, api, token, project, s3, tmp_path: Path, settings):
+    """`files` ({name: object to torch.save}) as a verified checkpoint of step 7 with a
+    verified replica on the test S3."""
     settings.SCRATCH_DIR = tmp_path / "scratch"
     directory = tmp_path / "ckpts" / "step-7"
     directory.mkdir(parents=True)
-    generator = torch.Generator().manual_seed(0)
-    torch.save({"w": torch.randn(256, 256, generator=generator)}, directory / "model.pt")
-    torch.save({"step": 7, "m": torch.zeros(256)}, directory / "optim.pt")
+    for name, obj in files.items():
+        torch.save(obj, directory / name)
     project.allowed_roots = [str(tmp_path / "ckpts")]
     project.save()
     from tests.test_validation import file_entry
 
-    files = [file_entry(directory / n, n) for n in ("model.pt", "optim.pt")]
-    body = saved(run="r", step=7, location=str(directory), files=files)
+    entries = [file_entry(directory / name, name) for name in files]
+    body = saved(run="r", step=7, location=str(directory), files=entries)
     assert api.post_events(token, body).status_code == 202
     checkpoint = Checkpoint.objects.get()
     validate_checkpoint(checkpoint.pk)
@@ -65,17 +82,113 @@ def test_a_good_replica_restores_and_every_phase_is_timed(replicated, queues):
 
 
 def test_a_replica_damaged_in_s3_fails_clearly(replicated, s3, queues):
-    replica = Replica.objects.get()
-    entry = next(e for e in replica.files if e["path"] == "model.pt")
-    original = s3.client.get_object(Bucket=s3.bucket, Key=entry["key"])["Body"].read()
-    damaged = bytearray(original)
-    damaged[len(damaged) // 2] ^= 0xFF
-    s3.client.put_object(Bucket=s3.bucket, Key=entry["key"], Body=bytes(damaged))
+    damage(s3, "model.pt", replicated.files.get(path="model.pt").size // 2)
     validation = rt.request(replicated)
     assert rt.run(validation.pk) == "failed"
     validation.refresh_from_db()
     assert validation.message.startswith("The replica on backup does not restore:")
     assert "model.pt" in validation.message and "sha256" in validation.message
+
+
+def damage(s3, path: str, offset: int) -> None:
+    """Flips one byte of the replica's object for `path` in S3."""
+    entry = next(e for e in Replica.objects.get().files if e["path"] == path)
+    data = bytearray(s3.client.get_object(Bucket=s3.bucket, Key=entry["key"])["Body"].read())
+    data[offset] ^= 0xFF
+    s3.client.put_object(Bucket=s3.bucket, Key=entry["key"], Body=bytes(data))
+
+
+def restore(checkpoint) -> Validation:
+    validation = rt.request(checkpoint)
+    rt.run(validation.pk)
+    validation.refresh_from_db()
+    return validation
+
+
+@pytest.fixture
+def big(api, token, project, s3, tmp_path, settings):
+    """One torch file of 2.5 parts of CHUNK bytes (20 MiB): fetched as ranged GETs on
+    several threads and hashed in order."""
+    weights = torch.randn(5 * CHUNK // 8, generator=torch.Generator().manual_seed(1))
+    checkpoint = replicate_checkpoint(
+        {"model.pt": {"w": weights}}, api, token, project, s3, tmp_path, settings
+    )
+    assert checkpoint.total_size > 2 * CHUNK
+    return checkpoint
+
+
+def test_a_big_file_comes_in_parallel_parts_and_one_damaged_byte_fails_it(
+    big, s3, tmp_path, queues
+):
+    checkpoint = big
+    validation = restore(checkpoint)
+    assert validation.status == "passed", validation.message
+    assert "1 tensors (20.0 MiB) loaded" in validation.message
+
+    damage(s3, "model.pt", CHUNK + 12345)  # in the second part
+    validation = restore(checkpoint)
+    assert validation.status == "failed"
+    assert validation.message.startswith("The replica on backup does not restore:")
+    assert "model.pt does not match its sha256" in validation.message
+    assert not any((tmp_path / "scratch").iterdir())  # no part of it left behind
+
+
+def loader() -> inspector.WarmHelper:
+    return inspector.warm_helper(rt.LOADER_MODULE)
+
+
+def test_a_killed_warm_loader_is_replaced(replicated, queues):
+    assert restore(replicated).status == "passed"
+    first = loader().pid
+    assert first is not None  # the first test started it, and it stays
+    assert restore(replicated).status == "passed"
+    assert loader().pid == first  # the second test used it: no new interpreter
+
+    os.kill(first, signal.SIGKILL)  # what the OOM killer or an operator does to it
+    wait_for(lambda: loader().pid is None, 10, 0.05)
+    validation = restore(replicated)
+    assert validation.status == "passed", validation.message
+    assert loader().pid not in (None, first)
+
+
+def test_a_hung_warm_loader_fails_the_test_clearly_and_is_replaced(
+    replicated, queues, settings, monkeypatch
+):
+    rt.start_warm_loader()
+    hung = loader().pid
+    os.kill(hung, signal.SIGSTOP)  # it takes the request and never answers
+    settings.VALIDATION_TIMEOUT_S = 1
+    monkeypatch.setattr(inspector, "HELPER_GRACE_S", 0.5)
+    validation = restore(replicated)
+    assert validation.status == "failed"
+    assert validation.message == (
+        "Downloaded and verified, but loading failed: the load child could not run: "
+        "the load check helper stopped answering"
+    )
+    assert not os.path.exists(f"/proc/{hung}")  # killed, not left behind stopped
+
+    settings.VALIDATION_TIMEOUT_S = 600
+    validation = restore(replicated)
+    assert validation.status == "passed", validation.message
+    assert loader().pid not in (None, hung)
+
+
+def test_a_load_out_of_memory_fails_the_test_and_the_loader_lives_on(big, queues, settings):
+    rt.start_warm_loader()
+    helper = loader().pid
+    # The load child's address space is this plus twice the largest file (40 MiB): far
+    # below what a process with torch mapped already holds, so loading 20 MiB of tensors
+    # fails as a checkpoint that needs more than its limit would.
+    settings.VALIDATION_MEMORY_BYTES = 0
+    validation = restore(big)
+    assert validation.status == "failed"
+    assert validation.message.startswith("Downloaded and verified"), validation.message
+    assert "alloc" in validation.message or "Memory" in validation.message, validation.message
+
+    settings.VALIDATION_MEMORY_BYTES = 8 << 30
+    validation = restore(big)
+    assert validation.status == "passed", validation.message
+    assert loader().pid == helper  # the child that ran out was forked; the loader is intact
 
 
 def test_without_a_verified_replica_there_is_nothing_to_restore(api, token, project, queues):
@@ -110,6 +223,8 @@ def test_the_api_queues_it_and_a_real_restore_worker_runs_it(
     }
     worker = start_worker(env, "restore", tmp_path / "restore-worker.log")
     try:
+        # The worker started its warm loader at start (worker_process_init).
+        wait_for(lambda: loaders_of(worker.pid), 10, 0.1)
         validation = wait_for(
             lambda: Validation.objects.filter(pk=validation_id, status="passed").first(),
             90, 0.3,
@@ -118,3 +233,18 @@ def test_the_api_queues_it_and_a_real_restore_worker_runs_it(
         stop_worker(worker)
     assert validation.timings["total_s"] > 0
     assert not any((tmp_path / "scratch").iterdir())  # scratch space cleaned up
+
+
+def loaders_of(pid: int) -> list[int]:
+    """The warm loaders (restore_load --serve) that process `pid` started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid and b"webapp.domain.restore_load" in command and b"--serve" in command:
+            found.append(int(entry.name))
+    return found

@@ -7,8 +7,8 @@ import contextlib
 import socket
 import threading
 
-from celery import shared_task
-from celery.signals import worker_ready, worker_shutdown
+from celery import current_app, shared_task
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 
 @shared_task(name="workers.restore.restore_test", ignore_result=True, acks_late=True)
@@ -28,6 +28,23 @@ def schedule() -> int:
 
 
 _stop = threading.Event()
+RESTORE_QUEUES = {"restore", "gpu"}
+
+
+def _consumes(app) -> set[str]:
+    return set(getattr(app.amqp.queues, "consume_from", {}) or {})
+
+
+@worker_process_init.connect(weak=False)
+def _start_warm_loader(**_):
+    """Each pool process of a restore worker starts its warm loader at once, so the first
+    restore test finds torch imported (see restore_test._child_load). Pools that send no
+    worker_process_init (threads) start it at their first restore test instead."""
+    if not _consumes(current_app) & RESTORE_QUEUES:
+        return
+    from webapp.domain import restore_test as rt
+
+    rt.start_warm_loader()
 
 
 @worker_ready.connect(weak=False)
@@ -36,7 +53,7 @@ def _announce_gpu(sender=None, **_):
     minute, so restore tests are routed to it while it lives."""
     from webapp.domain import restore_test as rt
 
-    queues = set(getattr(sender.app.amqp.queues, "consume_from", {}) or {})
+    queues = _consumes(sender.app)
     if "gpu" not in queues or not rt.has_gpu():
         return
     name = f"{socket.gethostname()}:{id(sender)}"

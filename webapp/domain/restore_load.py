@@ -12,6 +12,10 @@ Torch files are read with torch.load(weights_only=True): nothing is ever unpickl
 arbitrary globals. Safetensors files with safetensors. Every tensor then goes to the
 device (the GPU when there is one), synchronised, so `to_device_s` is the real
 host-to-device time. This module imports torch, never Django.
+
+With `--serve` it is the restore worker's warm loader instead (inspector.serve_forked):
+torch imported once, then each request is loaded in a child forked for it, under the
+same limits a fresh child gets, so a restore test does not pay for `import torch`.
 """
 
 from __future__ import annotations
@@ -45,8 +49,9 @@ def _is_torch(path: str) -> bool:
     return head.startswith(b"PK\x03\x04") or head[:2] == b"\x80\x02"
 
 
-def main() -> int:
-    request = json.load(sys.stdin)
+def load(request: dict) -> dict:
+    """Loads the request's files and moves their tensors to the device; never raises for a
+    file that does not load (the result's "error" says why)."""
     import torch
 
     wanted = request.get("device", "auto")
@@ -98,9 +103,20 @@ def main() -> int:
         result["error"] = (
             f"{type(exc).__name__}: {str(exc).splitlines()[0][:500] if str(exc) else ''}"
         )
-    # ru_maxrss is in KiB on Linux.
+    # ru_maxrss is in KiB on Linux. A forked child starts from its helper's resident size,
+    # as a fresh one does once it has imported torch.
     result["peak_host_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    json.dump(result, sys.stdout)
+    return result
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--serve"]:
+        import torch  # noqa: F401 (once, here, before any child is forked)
+
+        from webapp.domain.validation.inspector import serve_forked
+
+        return serve_forked(load)
+    json.dump(load(json.load(sys.stdin)), sys.stdout)
     return 0
 
 

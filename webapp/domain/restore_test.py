@@ -7,6 +7,11 @@ tensor to the device: the GPU when the worker has one. Each phase is timed, with
 memory and the device; the total is the measured time to recover, shown on the
 dashboard and used by the analytics (docs/analytics.md).
 
+The load runs in a child forked from the worker's warm loader (restore_load --serve,
+started at worker start, or by the first restore test, and kept): the same limits and
+error reporting as a fresh interpreter, without paying for `import torch` (about 1.2 s on
+2 cores) in every test. A loader that dies or hangs fails that test and is replaced.
+
 It is a Validation of kind "restore". Workers started with a GPU listen on the `gpu`
 queue and say so in Redis (mark_gpu_worker); restore tests go there while one is alive,
 else to the `restore` queue.
@@ -33,6 +38,7 @@ from django.utils import timezone
 log = logging.getLogger(__name__)
 
 GPU_WORKER_KEY = "lifeboat:gpu-worker:"
+LOADER_MODULE = "webapp.domain.restore_load"
 
 
 def _size(n: float) -> str:
@@ -217,28 +223,39 @@ def _alert(validation, message: str) -> None:
         log.exception("could not record the restore.failed alert")
 
 
-def _child_load(base: Path, files: list[str]) -> dict:
-    from webapp.domain.validation.inspector import apply_limits, child_env
+def start_warm_loader() -> None:
+    """Starts this process's warm loader now (it imports torch, which takes a while), so
+    that the first restore test does not wait for it."""
+    from webapp.domain.validation.inspector import warm_helper
 
-    largest = max((os.path.getsize(base / f) for f in files), default=0)
-    gpu = has_gpu()
+    warm_helper(LOADER_MODULE).ensure_started()
+
+
+def _child_load(base: Path, files: list[str]) -> dict:
+    """Loads the files in a child process forked from this process's warm loader (started
+    now if it is not running). Raises RuntimeError when the child did not answer."""
+    from webapp.domain.validation.inspector import largest_file, warm_helper
+
     # CUDA reserves far more address space than it uses, so a GPU child is bounded by
     # the timeout only; a CPU child also by memory, like the validation's load check.
-    limit = None if gpu else settings.VALIDATION_MEMORY_BYTES + 2 * largest
-    process = subprocess.run(
-        [sys.executable, "-m", "webapp.domain.restore_load"],
-        input=json.dumps({"base": str(base), "files": files, "device": "auto"}),
-        capture_output=True,
-        text=True,
-        timeout=settings.VALIDATION_TIMEOUT_S,
-        env={**child_env(), "PYTHONPATH": str(settings.BASE_DIR)},
-        cwd=settings.BASE_DIR,
-        preexec_fn=(lambda: apply_limits(limit)) if limit else None,
-    )
-    if process.returncode != 0 or not process.stdout.strip():
-        tail = process.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"the load child exited with {process.returncode}: {tail[0][:300]}")
-    return json.loads(process.stdout)
+    limit = None
+    if not has_gpu():
+        limit = settings.VALIDATION_MEMORY_BYTES + 2 * largest_file(str(base), files)
+    request = {"base": str(base), "files": files, "device": "auto"}
+    timeout = settings.VALIDATION_TIMEOUT_S
+    return _loaded(warm_helper(LOADER_MODULE).run(request, limit, timeout), timeout)
+
+
+def _loaded(outcome: dict, timeout: float) -> dict:
+    if outcome.get("timed_out"):
+        raise RuntimeError(f"the load child did not finish within {timeout:g} s")
+    returncode, stdout = outcome.get("returncode"), outcome.get("stdout", "")
+    tail = outcome.get("stderr", "").strip().splitlines()[-1:] or ["no output"]
+    if returncode is None:  # the helper died, hung (then it is replaced) or could not start
+        raise RuntimeError(f"the load child could not run: {tail[0][:300]}")
+    if returncode != 0 or not stdout.strip():
+        raise RuntimeError(f"the load child exited with {returncode}: {tail[0][:300]}")
+    return json.loads(stdout)
 
 
 def _main_file(scratch: Path, files: list[str], configured: str | None) -> Path:
@@ -397,7 +414,7 @@ def run(validation_id: int) -> str:
         files = sorted(checkpoint.files.values_list("path", flat=True))
         try:
             loaded = _child_load(scratch, files)
-        except (subprocess.TimeoutExpired, RuntimeError, ValueError) as exc:
+        except (OSError, RuntimeError, ValueError) as exc:
             return _finish(
                 validation, ValidationStatus.FAILED,
                 f"Downloaded and verified, but loading failed: {exc}", timings,

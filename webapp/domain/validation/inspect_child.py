@@ -32,12 +32,9 @@ import os
 import pickle
 import pickletools
 import re
-import selectors
-import signal
 import struct
 import sys
 import time
-import traceback
 import zipfile
 from collections import Counter
 from collections.abc import Iterator
@@ -1307,106 +1304,11 @@ def main() -> int:
 
 def serve() -> int:
     """The warm helper (inspector.WarmHelper): torch is imported once, here; each request
-    line {"request", "address_space", "timeout_s"} is run in a forked child, and answered
-    with one line {"returncode", "stdout", "stderr"} or {"timed_out": true}. This process
-    itself never opens a checkpoint. It ends when its stdin closes (the worker is gone)."""
-    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        job = json.loads(line)
-        answer = run_forked(
-            job["request"], int(job["address_space"]), float(job["timeout_s"]), answers.fileno()
-        )
-        answers.write(json.dumps(answer) + "\n")
-        answers.flush()
-    return 0
+    is checked in a child forked for it, under its limits (inspector.serve_forked). This
+    process itself never opens a checkpoint."""
+    from webapp.domain.validation.inspector import serve_forked
 
-
-def run_forked(request: dict, address_space: int, timeout_s: float, answers_fd: int) -> dict:
-    """Runs one check in a forked child under the limits; kills it at the timeout."""
-    result_r, result_w = os.pipe()
-    errors_r, errors_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: limits first, then the check; it never returns
-        # Nothing of the helper's conversation with the worker stays open in the child.
-        for fd in (result_r, errors_r, answers_fd):
-            os.close(fd)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(errors_w, 1)
-        os.dup2(errors_w, 2)
-        os.setsid()  # its own process group, as a fresh child has, killed as one
-        _run_child(request, address_space, result_w)
-    os.close(result_w)
-    os.close(errors_w)
-    outputs = _collect({result_r: bytearray(), errors_r: bytearray()}, timeout_s)
-    if outputs is None:
-        _kill_child(pid)
-        os.waitpid(pid, 0)
-        return {"timed_out": True}
-    _, status = os.waitpid(pid, 0)
-    return {
-        "returncode": os.waitstatus_to_exitcode(status),
-        "stdout": outputs[result_r].decode("utf-8", "replace"),
-        "stderr": outputs[errors_r][-4000:].decode("utf-8", "replace"),
-    }
-
-
-def _kill_child(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        # Killed before its setsid(): no group of that id yet, but the process exists.
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _run_child(request: dict, address_space: int, result_fd: int) -> None:
-    code = 1
-    try:
-        # The parent side imports only the standard library, so this costs nothing.
-        from webapp.domain.validation.inspector import apply_limits
-
-        apply_limits(address_space)
-        data = json.dumps(inspect(request)).encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(result_fd, view) :]
-        code = 0
-    except MemoryError:
-        code = EXIT_OUT_OF_MEMORY
-    except BaseException:
-        with contextlib.suppress(BaseException):
-            traceback.print_exc()
-    finally:
-        os._exit(code)
-
-
-def _collect(buffers: dict[int, bytearray], timeout_s: float) -> dict[int, bytes] | None:
-    """Reads the child's pipes until both close; None when the time runs out first."""
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as selector:
-        for fd in buffers:
-            selector.register(fd, selectors.EVENT_READ)
-        open_fds = set(buffers)
-        try:
-            while open_fds:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                for key, _ in selector.select(remaining):
-                    chunk = os.read(key.fd, 1 << 20)
-                    if chunk:
-                        buffers[key.fd] += chunk
-                    else:
-                        selector.unregister(key.fd)
-                        open_fds.discard(key.fd)
-        finally:
-            for fd in buffers:
-                os.close(fd)
-    return {fd: bytes(data) for fd, data in buffers.items()}
+    return serve_forked(inspect, out_of_memory_exit=EXIT_OUT_OF_MEMORY)
 
 
 if __name__ == "__main__":

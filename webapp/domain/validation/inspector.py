@@ -15,6 +15,10 @@ Two ways to run the child:
   never loads a checkpoint and never runs torch code, so forking it is safe (torch has
   started no threads). Use it where checks are frequent (a validate worker, the
   benchmark); `start_warm_inspector()` starts the helper ahead of the first check.
+
+The warm helper (`warm_helper(module)`) and the forking loop on the helper's side
+(`serve_forked(handler)`) serve any child module whose `--serve` calls serve_forked: the
+restore test's load (webapp/domain/restore_load.py) runs the same way.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 CHILD_MODULE = "webapp.domain.validation.inspect_child"
@@ -125,9 +130,12 @@ def largest_file(base: str, files: list[str]) -> int:
     return max(sizes, default=0)
 
 
-def apply_limits(address_space: int) -> None:
-    """In the child, before it reads anything: no core dumps, bounded address space."""
+def apply_limits(address_space: int | None) -> None:
+    """In the child, before it reads anything: no core dumps, bounded address space (None:
+    unbounded, for a GPU child, whose CUDA reserves far more than it uses)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if address_space is None:
+        return
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
         address_space = min(address_space, hard)
@@ -165,8 +173,8 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def child_command(*extra: str) -> list[str]:
-    return [sys.executable, "-W", "ignore", "-m", CHILD_MODULE, *extra]
+def child_command(*extra: str, module: str = CHILD_MODULE) -> list[str]:
+    return [sys.executable, "-W", "ignore", "-m", module, *extra]
 
 
 def run_fresh_child(request: dict, address_space: int, timeout_s: float) -> dict:
@@ -211,11 +219,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 class WarmHelper:
-    """Talks to `inspect_child --serve`: one JSON line per request on its stdin, one JSON
-    line per answer on its stdout. One check at a time per helper (a lock guards it); a
-    helper that dies or stops answering is replaced at the next check."""
+    """Talks to `<module> --serve` (inspect_child by default): one JSON line per request
+    on its stdin, one JSON line per answer on its stdout. One check at a time per helper
+    (a lock guards it); a helper that dies or stops answering is replaced at the next
+    check."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: str = CHILD_MODULE) -> None:
+        self.module = module
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._buffer = b""
@@ -224,7 +234,18 @@ class WarmHelper:
         with self._lock:
             self._start_if_needed()
 
-    def run(self, request: dict, address_space: int, timeout_s: float) -> dict:
+    @property
+    def pid(self) -> int | None:
+        """The helper's process id while it runs (what an operator or a test may kill)."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def stop(self) -> None:
+        """Ends the helper; the next request starts a new one (which pays for its imports)."""
+        with self._lock:
+            self._stop()
+
+    def run(self, request: dict, address_space: int | None, timeout_s: float) -> dict:
         job = {"request": request, "address_space": address_space, "timeout_s": timeout_s}
         line = (json.dumps(job) + "\n").encode()
         with self._lock:
@@ -251,7 +272,7 @@ class WarmHelper:
             return
         self._buffer = b""
         self._proc = subprocess.Popen(
-            child_command("--serve"),
+            child_command("--serve", module=self.module),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=PROJECT_ROOT,
@@ -298,18 +319,137 @@ def _helper_failure(why: str) -> dict:
     return {"returncode": None, "stdout": "", "stderr": why}
 
 
-_helper: WarmHelper | None = None
-_helper_pid = 0
+_helpers: dict[str, WarmHelper] = {}
+_helpers_pid = 0
 _helper_lock = threading.Lock()
 
 
-def _warm_helper() -> WarmHelper:
-    global _helper, _helper_pid
+def warm_helper(module: str = CHILD_MODULE) -> WarmHelper:
+    """This process's helper for `module`, created on first use (not yet started)."""
+    global _helpers_pid
     with _helper_lock:
-        if _helper is None or _helper_pid != os.getpid():
-            # A forked worker (Celery prefork) must not share its parent's helper and pipes.
-            _helper, _helper_pid = WarmHelper(), os.getpid()
-        return _helper
+        if _helpers_pid != os.getpid():
+            # A forked worker (Celery prefork) must not share its parent's helpers and pipes.
+            _helpers.clear()
+            _helpers_pid = os.getpid()
+        if module not in _helpers:
+            _helpers[module] = WarmHelper(module)
+        return _helpers[module]
+
+
+_warm_helper = warm_helper  # the validation's own name for it
+
+
+# --------------------------------------------------------------------------- the helper's side
+
+
+def serve_forked(handler, out_of_memory_exit: int = 1) -> int:
+    """The helper's loop, for a child module's `--serve` (it runs in the helper, which
+    imported what `handler` needs, torch, once): each request line {"request",
+    "address_space", "timeout_s"} is run as `handler(request) -> dict` in a forked child
+    under the limits, and answered with one line {"returncode", "stdout", "stderr"} or
+    {"timed_out": true}. The helper itself never opens a checkpoint, so whatever a file
+    does to the child (a crash, the OOM killer) leaves it as it was. It ends when its
+    stdin closes (the worker is gone). Never call it in a process that started CUDA or
+    threads: the children are forked."""
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        limit = None if job["address_space"] is None else int(job["address_space"])
+        answer = _run_forked(
+            handler, job["request"], limit, float(job["timeout_s"]), answers.fileno(),
+            out_of_memory_exit,
+        )  # fmt: skip
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+    return 0
+
+
+def _run_forked(
+    handler, request: dict, address_space: int | None, timeout_s: float, answers_fd: int,
+    out_of_memory_exit: int,
+) -> dict:  # fmt: skip
+    result_r, result_w = os.pipe()
+    errors_r, errors_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: limits first, then the handler; it never returns
+        # Nothing of the helper's conversation with the worker stays open in the child.
+        for fd in (result_r, errors_r, answers_fd):
+            os.close(fd)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(errors_w, 1)
+        os.dup2(errors_w, 2)
+        os.setsid()  # its own process group, as a fresh child has, killed as one
+        _forked_child(handler, request, address_space, result_w, out_of_memory_exit)
+    os.close(result_w)
+    os.close(errors_w)
+    outputs = _collect({result_r: bytearray(), errors_r: bytearray()}, timeout_s)
+    if outputs is None:
+        _kill_forked(pid)
+        os.waitpid(pid, 0)
+        return {"timed_out": True}
+    _, status = os.waitpid(pid, 0)
+    return {
+        "returncode": os.waitstatus_to_exitcode(status),
+        "stdout": outputs[result_r].decode("utf-8", "replace"),
+        "stderr": outputs[errors_r][-STDERR_TAIL:].decode("utf-8", "replace"),
+    }
+
+
+def _forked_child(handler, request, address_space, result_fd, out_of_memory_exit) -> None:
+    code = 1
+    try:
+        apply_limits(address_space)
+        data = json.dumps(handler(request)).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(result_fd, view) :]
+        code = 0
+    except MemoryError:
+        code = out_of_memory_exit
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _kill_forked(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        # Killed before its setsid(): no group of that id yet, but the process exists.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _collect(buffers: dict[int, bytearray], timeout_s: float) -> dict[int, bytes] | None:
+    """Reads the child's pipes until both close; None when the time runs out first."""
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        for fd in buffers:
+            selector.register(fd, selectors.EVENT_READ)
+        open_fds = set(buffers)
+        try:
+            while open_fds:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                for key, _ in selector.select(remaining):
+                    chunk = os.read(key.fd, 1 << 20)
+                    if chunk:
+                        buffers[key.fd] += chunk
+                    else:
+                        selector.unregister(key.fd)
+                        open_fds.discard(key.fd)
+        finally:
+            for fd in buffers:
+                os.close(fd)
+    return {fd: bytes(data) for fd, data in buffers.items()}
 
 
 # --------------------------------------------------------------------------- the result
