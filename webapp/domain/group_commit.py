@@ -16,17 +16,10 @@ has committed; a repeat within the group is recognised like a repeat within a ba
 (the first copy is created, the others are duplicates); validation is enqueued after
 commit. If a group's transaction fails, each request of it is applied alone, so one
 request's trouble is never another's.
-
-Validation messages go out from a second thread (ValidationPublisher), which sends what
-several groups committed as one message: a Celery publish costs about 0.6 ms of CPU, as
-much as the rest of a group's Python. It stamps validation_enqueued_at once the message
-is out; a process killed before that leaves the stamp NULL, and the sweeper requeues the
-checkpoints after VALIDATION_REQUEUE_AFTER_S.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import queue
 import threading
@@ -36,9 +29,8 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections
-from django.utils import timezone
 
-from webapp.domain.ingest import IngestResult, enqueue_validations, ingest
+from webapp.domain.ingest import IngestResult, ingest
 
 log = logging.getLogger(__name__)
 
@@ -54,64 +46,9 @@ class _Request:
     error: BaseException | None = None
 
 
-class ValidationPublisher:
-    """Publishes the validations of committed groups from its own thread, many groups'
-    checkpoints in one message when they pile up."""
-
-    def __init__(self):
-        self._queue: queue.SimpleQueue[list[int]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
-        atexit.register(self.drain)  # a worker that exits cleanly sends what it holds
-
-    def publish(self, checkpoint_ids: list[int]) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            with self._start_lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(
-                        target=self._run, name="lifeboat-validation-publisher", daemon=True
-                    )
-                    self._thread.start()
-        self._queue.put(checkpoint_ids)
-
-    def _run(self) -> None:
-        while True:
-            ids = list(self._queue.get())
-            self._send(ids + self._take_waiting())
-
-    def _take_waiting(self) -> list[int]:
-        ids: list[int] = []
-        while True:
-            try:
-                ids.extend(self._queue.get_nowait())
-            except queue.Empty:
-                return ids
-
-    def drain(self) -> None:
-        ids = self._take_waiting()
-        if ids:
-            self._send(ids)
-
-    @staticmethod
-    def _send(ids: list[int]) -> None:
-        from webapp.domain.models import Checkpoint
-
-        try:
-            close_old_connections()
-            published = enqueue_validations(ids)
-            if published:
-                Checkpoint.objects.filter(
-                    pk__in=published, validation_enqueued_at__isnull=True
-                ).update(validation_enqueued_at=timezone.now())
-        except Exception:
-            # The checkpoints keep validation_enqueued_at NULL: the sweeper requeues them.
-            log.exception("could not publish the validations of %d checkpoints", len(ids))
-
-
 class GroupCommitter:
-    def __init__(self, max_events: int, publisher: ValidationPublisher | None = None):
+    def __init__(self, max_events: int):
         self.max_events = max_events
-        self.publisher = publisher
         self._queue: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -200,27 +137,25 @@ class GroupCommitter:
             request.error = exc
         request.done.set()
 
-    def _ingest(self, request: _Request) -> IngestResult:
+    @staticmethod
+    def _ingest(request: _Request) -> IngestResult:
         try:
-            return self._ingest_events(request.project, request.actor, request.events, request.raw)
+            return ingest(request.project, request.actor, request.events, request.raw)
         except (OperationalError, InterfaceError):
             # The connection may have died since it was last checked (a database
             # restart, a failover): once more on a new one. Safe: ingest is idempotent
             # by event id.
             close_old_connections()
-            return self._ingest_events(request.project, request.actor, request.events, request.raw)
+            return ingest(request.project, request.actor, request.events, request.raw)
 
-    def _ingest_events(self, project, actor, events, raw) -> IngestResult:
-        enqueue = self.publisher.publish if self.publisher is not None else None
-        return ingest(project, actor, events, raw, enqueue=enqueue)
-
-    def _apply_together(self, requests: list[_Request]) -> None:
+    @staticmethod
+    def _apply_together(requests: list[_Request]) -> None:
         events, raw, actors = [], [], []
         for request in requests:
             events.extend(request.events)
             raw.extend(request.raw)
             actors.extend([request.actor] * len(request.events))
-        result = self._ingest_events(requests[0].project, actors, events, raw)
+        result = ingest(requests[0].project, actors, events, raw)
         start = 0
         for request in requests:
             end = start + len(request.events)
@@ -248,5 +183,5 @@ def apply_events(project, actor: str, events: Sequence, raw: Sequence[dict]) -> 
     if _committer is None:
         with _committer_lock:
             if _committer is None:
-                _committer = GroupCommitter(settings.EVENTS_MAX_BATCH, ValidationPublisher())
+                _committer = GroupCommitter(settings.EVENTS_MAX_BATCH)
     return _committer.submit(project, actor, events, raw)

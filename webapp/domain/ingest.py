@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -69,22 +69,13 @@ class IngestResult:
 
 
 def ingest(
-    project: Project,
-    actor: str | Sequence[str],
-    events: Sequence,
-    raw: Sequence[dict],
-    *,
-    enqueue: Callable[[list[int]], None] | None = None,
+    project: Project, actor: str | Sequence[str], events: Sequence, raw: Sequence[dict]
 ) -> IngestResult:
     """Store and apply validated events (event_schema models) with their raw dicts.
 
     actor: who sent them, or one actor per event (webapp/domain/group_commit.py applies
-    the requests of several tokens together). enqueue: called after commit with the ids
-    of the checkpoints to validate, instead of publishing them here; the checkpoints
-    then keep validation_enqueued_at NULL until whoever publishes them stamps it, so
-    that the sweeper requeues them if that never happens. Returns which event ids were
-    new and which were repeats (of an earlier delivery, or of an earlier event in the
-    same batch)."""
+    the requests of several tokens together). Returns which event ids were new and which
+    were repeats (of an earlier delivery, or of an earlier event in the same batch)."""
     actors = [actor] * len(events) if isinstance(actor, str) else actor
     firsts: dict[uuid.UUID, int] = {}
     for i, event in enumerate(events):
@@ -103,7 +94,7 @@ def ingest(
         # Applied in time order so that a batch replayed from a spool, or events that
         # crossed on the network, end in the state the newest event describes.
         fresh.sort(key=lambda e: e.time)
-        applier = _Applier(project, runs, enqueue)
+        applier = _Applier(project, runs)
         applier.apply(fresh)
         enqueued = applier.flush()
 
@@ -176,10 +167,9 @@ class _Applier:
     """Folds new events into runs, checkpoints and metric points, then writes them in
     bulk."""
 
-    def __init__(self, project: Project, runs: dict[str, Run], enqueue=None):
+    def __init__(self, project: Project, runs: dict[str, Run]):
         self.project = project
         self.runs = runs
-        self.enqueue = enqueue
         self.dirty_runs: dict[int, set[str]] = {}
         self.checkpoints: dict[tuple[int, int], Checkpoint] = {}
         self.new_checkpoints: list[Checkpoint] = []
@@ -376,11 +366,9 @@ class _Applier:
     def flush(self) -> list[int]:
         """Write everything folded so far; return the ids of checkpoints to validate."""
         now = timezone.now()
-        # Stamped now when published on commit below; else left for the publisher.
-        enqueued_at = now if self.enqueue is None else None
         for key in self.to_validate:
             checkpoint = self.checkpoints[key]
-            self._set(checkpoint, "validation_enqueued_at", enqueued_at)
+            self._set(checkpoint, "validation_enqueued_at", now)
         if self.new_checkpoints:
             _insert_checkpoints(self.new_checkpoints)
         if self.changed_checkpoints:
@@ -414,7 +402,7 @@ class _Applier:
 
         to_validate = sorted(self.checkpoints[key].pk for key in self.to_validate)
         if to_validate:
-            transaction.on_commit(partial(self.enqueue or enqueue_validations, to_validate))
+            transaction.on_commit(partial(enqueue_validations, to_validate))
         return to_validate
 
     def _flush_metrics(self) -> None:
@@ -460,8 +448,8 @@ def _insert_checkpoints(checkpoints: list[Checkpoint]) -> None:
         checkpoint._state.adding = False
 
 
-def enqueue_validations(checkpoint_ids: list[int]) -> list[int]:
-    """Put validations on the queue (called after commit); return the ids that are.
+def enqueue_validations(checkpoint_ids: list[int]) -> None:
+    """Put validations on the queue (called after commit).
 
     One checkpoint: its validation task. Several: one dispatch message that a worker fans
     out, because publishing costs about a millisecond per message and a batch of 1000
@@ -482,14 +470,12 @@ def enqueue_validations(checkpoint_ids: list[int]) -> list[int]:
                 "could not reach the broker to enqueue %d validations", len(checkpoint_ids)
             )
             Checkpoint.objects.filter(pk__in=checkpoint_ids).update(validation_enqueued_at=None)
-            return []
-        return list(checkpoint_ids)
-    return publish_validations(checkpoint_ids)
+        return
+    publish_validations(checkpoint_ids)
 
 
-def publish_validations(checkpoint_ids: list[int]) -> list[int]:
-    """One validation task per checkpoint, over one broker connection; returns the ids
-    that were published."""
+def publish_validations(checkpoint_ids: list[int]) -> None:
+    """One validation task per checkpoint, over one broker connection."""
     from workers.validate import validate_checkpoint
 
     failed: list[int] = []
@@ -509,5 +495,3 @@ def publish_validations(checkpoint_ids: list[int]) -> list[int]:
         failed = list(checkpoint_ids)
     if failed:
         Checkpoint.objects.filter(pk__in=failed).update(validation_enqueued_at=None)
-    left_out = set(failed)
-    return [pk for pk in checkpoint_ids if pk not in left_out]
