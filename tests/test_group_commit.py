@@ -133,3 +133,32 @@ def test_validations_are_published_after_the_groups_commit(project, worker_env, 
     checkpoint = Checkpoint.objects.get()
     assert checkpoint.validation_enqueued_at is not None
     assert [t["args"] for t in queued_tasks(queues)] == [[checkpoint.pk]]
+
+
+def test_batches_are_applied_by_their_own_thread_small_requests_by_the_committer(
+    project, settings, monkeypatch
+):
+    """A batch shares its transaction among its events already: through the one
+    committer thread, the batches of a process would wait for each other."""
+    from webapp.domain import group_commit
+    from webapp.domain.event_schema import parse_event
+
+    routed = []
+
+    class Committer:
+        def submit(self, project, actor, events, raw):
+            routed.append(len(events))
+            return group_commit.ingest(project, actor, events, raw)
+
+    settings.INGEST_GROUP_COMMIT = True
+    monkeypatch.setattr(group_commit, "_committer", Committer())
+    size = group_commit.GROUP_BELOW
+    batch = [saved(run="b", step=s, t=s) for s in range(size)]
+    parsed = [parse_event(i, e) for i, e in enumerate(batch)]
+    result = group_commit.apply_events(project, "token:t", parsed, batch)
+    small = [saved(run="s", step=1)]
+    group_commit.apply_events(project, "token:t", [parse_event(0, small[0])], small)
+
+    assert result.statuses == ["created"] * size
+    assert routed == [1]  # only the small request went through the committer
+    assert Checkpoint.objects.count() == size + 1

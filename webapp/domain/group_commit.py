@@ -9,7 +9,9 @@ to one committer thread per process and waits; the committer takes everything th
 waiting (up to EVENTS_MAX_BATCH events), applies it with one ingest() per project, and
 wakes each request with its own statuses. Under no load a request is applied alone, as
 before; under load the per-transaction cost is shared by the requests that arrived
-while the previous transaction ran.
+while the previous transaction ran. Requests of GROUP_BELOW events or more (batches
+from a client's spool) are applied by their own thread: they already share a
+transaction among their events, and in one queue they would wait for each other.
 
 What does not change: a 202 is given only after the transaction that holds the events
 has committed; a repeat within the group is recognised like a repeat within a batch
@@ -169,6 +171,8 @@ class GroupCommitter:
             request.done.set()
 
 
+# Requests with fewer events than this go through the committer.
+GROUP_BELOW = 100
 _committer: GroupCommitter | None = None
 _committer_lock = threading.Lock()
 
@@ -178,7 +182,10 @@ def apply_events(project, actor: str, events: Sequence, raw: Sequence[dict]) -> 
     INGEST_GROUP_COMMIT is off (the in-process test client, whose test transaction
     another thread could not see)."""
     global _committer
-    if not settings.INGEST_GROUP_COMMIT:
+    if not settings.INGEST_GROUP_COMMIT or len(events) >= GROUP_BELOW:
+        # A batch already shares its transaction among its events; sent through the
+        # one committer thread, batches of a process would wait for each other instead
+        # of running side by side.
         return ingest(project, actor, events, raw)
     if _committer is None:
         with _committer_lock:
