@@ -54,8 +54,6 @@ class GroupCommitter:
         self._queue: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
-        self.groups = 0  # transactions run, for tests and logs
-        self.largest_group = 0
         self._checked_at = 0.0
         self._failed = False
 
@@ -109,8 +107,6 @@ class GroupCommitter:
         if self._failed or now - self._checked_at > 1.0:
             close_old_connections()
             self._checked_at, self._failed = now, False
-        self.groups += 1
-        self.largest_group = max(self.largest_group, len(group))
         by_project: dict[int, list[_Request]] = {}
         for request in group:
             by_project.setdefault(request.project.pk, []).append(request)
