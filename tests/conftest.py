@@ -44,20 +44,76 @@ def saved(run: str = "run-1", step: int = 100, t: float = 0, **fields) -> dict:
     return event("checkpoint.saved", run=run, t=t, **body)
 
 
+class WsgiResponse:
+    """What a test reads of an answer: status_code, json(), headers by name."""
+
+    def __init__(self, status: str, headers: list[tuple[str, str]], body: bytes):
+        self.status_code = int(status.split()[0])
+        self.headers = {name.lower(): value for name, value in headers}
+        self.content = body
+
+    def json(self):
+        return json.loads(self.content)
+
+    def __getitem__(self, name: str) -> str:
+        return self.headers[name.lower()]
+
+
+def call_wsgi(path: str, body: bytes, headers: dict[str, str], method: str = "POST"):
+    """One request through webapp.wsgi.application, the callable gunicorn serves, in this
+    process (so inside the test's transaction)."""
+    import io
+
+    from webapp.wsgi import application
+
+    environ = {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "SERVER_NAME": "testserver",
+        "SERVER_PORT": "80",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": io.StringIO(),
+        "CONTENT_LENGTH": str(len(body)),
+        "CONTENT_TYPE": "application/json",
+    }
+    for name, value in headers.items():
+        environ["HTTP_" + name.upper().replace("-", "_")] = value
+    from django.core import signals
+    from django.db import close_old_connections
+
+    # As Django's test client does: the connection holds the test's transaction, which
+    # closing it after the request would end.
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    started: list = []
+    try:
+        chunks = application(environ, lambda status, headers: started.extend([status, headers]))
+        body_out = b"".join(chunks)
+        if hasattr(chunks, "close"):
+            chunks.close()
+    finally:
+        signals.request_started.connect(close_old_connections)
+        signals.request_finished.connect(close_old_connections)
+    return WsgiResponse(started[0], started[1], body_out)
+
+
 class Api:
-    """The Django test client speaking the v1 API with a bearer token."""
+    """The v1 API with a bearer token. Events go through the WSGI callable gunicorn
+    serves (POST /api/v1/events is answered there, before Django's request cycle:
+    webapp/api/ingest_wsgi.py); the rest through the Django test client."""
 
     def __init__(self, client):
         self.client = client
 
     def post_events(self, token: str | None, body, *, raw: bytes | None = None, headers=None):
         data = raw if raw is not None else json.dumps(body).encode()
-        extra = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
-        for name, value in (headers or {}).items():
-            extra["HTTP_" + name.upper().replace("-", "_")] = value
-        return self.client.post(
-            "/api/v1/events", data=data, content_type="application/json", **extra
-        )
+        extra = {"Authorization": f"Bearer {token}"} if token else {}
+        extra.update(headers or {})
+        return call_wsgi("/api/v1/events", data, extra)
 
     def post_gzip(self, token: str, body):
         return self.post_events(

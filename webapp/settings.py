@@ -183,6 +183,10 @@ API_TOKEN_CACHE_SECONDS = env_int("API_TOKEN_CACHE_SECONDS", 5, minimum=0)
 # Apply the events of concurrent requests of one web process in one transaction
 # (webapp/domain/group_commit.py). Pays off with gunicorn's threaded workers.
 INGEST_GROUP_COMMIT = env_bool("INGEST_GROUP_COMMIT", True)
+# Validation messages of a web process go out together, at most one per this many ms
+# under load and at once when idle (webapp/domain/validation_outbox.py); 0: one message
+# per transaction, published by the request itself.
+VALIDATION_PUBLISH_MS = env_int("VALIDATION_PUBLISH_MS", 50, minimum=0)
 
 # --- Restore tests (webapp/domain/restore_test.py) ---------------------------------------
 # The latest verified checkpoint of each active run is restore-tested this often.

@@ -83,4 +83,7 @@ elif DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 # The in-process test client runs inside a test transaction that the group committer's
 # thread could not see; the gunicorn servers the tests start (webapp.settings) use it.
 INGEST_GROUP_COMMIT = False
+# Published by the request, so a test sees its message as soon as the request returns;
+# the outbox has tests of its own against a live server.
+VALIDATION_PUBLISH_MS = 0
 LATENCY_FLUSH_MS = 0  # every request, so a test sees its own request in /metrics

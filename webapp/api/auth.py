@@ -17,16 +17,31 @@ class TokenAuth(HttpBearer):
         self.scope = scope
 
     def authenticate(self, request, token: str) -> ApiToken:
-        api_token = ApiToken.authenticate(token)
-        if api_token is None:
-            raise ApiError(401, "unknown or revoked API token")
-        if not api_token.allows(self.scope):
-            raise ApiError(
-                403,
-                f"this token lacks the '{self.scope}' scope "
-                f"(it has: {', '.join(api_token.scopes)})",
-            )
-        return api_token
+        return token_with_scope(token, self.scope)
+
+
+MISSING_TOKEN = "missing API token: send 'Authorization: Bearer <token>'"  # noqa: S105  (a message, not a secret)
+
+
+def bearer_secret(header: str | None) -> str | None:
+    """The secret of an 'Authorization: Bearer <secret>' header, read as ninja's
+    HttpBearer reads it; None when there is none."""
+    if not header:
+        return None
+    scheme, _, secret = header.partition(" ")
+    return secret if scheme.lower() == "bearer" else None
+
+
+def token_with_scope(secret: str, scope: str) -> ApiToken:
+    api_token = ApiToken.authenticate(secret)
+    if api_token is None:
+        raise ApiError(401, "unknown or revoked API token")
+    if not api_token.allows(scope):
+        raise ApiError(
+            403,
+            f"this token lacks the '{scope}' scope (it has: {', '.join(api_token.scopes)})",
+        )
+    return api_token
 
 
 ingest_auth = TokenAuth("ingest")

@@ -34,7 +34,9 @@ def install_handlers(api) -> None:
 
     @api.exception_handler(AuthenticationError)
     def on_auth_error(request, exc):
-        return error_response(401, "missing API token: send 'Authorization: Bearer <token>'")
+        from webapp.api.auth import MISSING_TOKEN
+
+        return error_response(401, MISSING_TOKEN)
 
     @api.exception_handler(NinjaValidationError)
     def on_validation_error(request, exc):

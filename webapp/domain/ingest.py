@@ -41,6 +41,7 @@ from webapp.domain.models import (
 )
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.runs import RunStatus
+from webapp.domain.validation_outbox import publish_after_commit
 
 log = logging.getLogger(__name__)
 
@@ -402,7 +403,7 @@ class _Applier:
 
         to_validate = sorted(self.checkpoints[key].pk for key in self.to_validate)
         if to_validate:
-            transaction.on_commit(partial(enqueue_validations, to_validate))
+            transaction.on_commit(partial(publish_after_commit, to_validate))
         return to_validate
 
     def _flush_metrics(self) -> None:
