@@ -146,9 +146,9 @@ def test_batches_are_applied_by_their_own_thread_small_requests_by_the_committer
     routed = []
 
     class Committer:
-        def submit(self, project, actor, events, raw):
+        def submit(self, project, actor, events, raw, finite=False):
             routed.append(len(events))
-            return group_commit.ingest(project, actor, events, raw)
+            return group_commit.ingest(project, actor, events, raw, finite=finite)
 
     settings.INGEST_GROUP_COMMIT = True
     monkeypatch.setattr(group_commit, "_committer", Committer())

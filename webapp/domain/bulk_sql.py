@@ -19,11 +19,12 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from functools import lru_cache
 
 import orjson
 import psycopg
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 # SQLite allows 32,766 host parameters per statement; stay well under it.
 _SQLITE_ROWS_PER_STATEMENT = 500
@@ -62,36 +63,172 @@ def insert_rows(
     skipped (ON CONFLICT DO NOTHING). returning: the columns to give back for each row
     actually inserted, in no promised order (PostgreSQL returns them in input order
     for a plain INSERT ... SELECT, but callers must not rely on it)."""
+    return insert_rows_later(
+        model, attnames, rows, ignore_conflicts_on=ignore_conflicts_on, returning=returning
+    ).result()
+
+
+def insert_rows_later(
+    model: type[models.Model],
+    attnames: Sequence[str],
+    rows: Sequence[Sequence],
+    *,
+    ignore_conflicts_on: Sequence[str] = (),
+    returning: Sequence[str] = (),
+) -> Pending:
+    """insert_rows, whose rows are read later: inside pipeline() the statement is sent
+    at once and its answer waited for together with the others'."""
     if not rows:
-        return []
-    attnames = tuple(attnames)
-    fields = _fields(model, attnames)
+        return Pending.done([])
+    if connection.vendor != "postgresql":
+        return Pending.done(
+            _insert_portable(model, tuple(attnames), rows, ignore_conflicts_on, returning)
+        )
+    sql, source = _insert_sql(
+        model,
+        tuple(attnames),
+        tuple(ignore_conflicts_on),
+        tuple(returning),
+        len(rows) >= _ARRAYS_FROM_ROWS,
+    )
+    return _send(sql, source.params(rows), bool(returning))
+
+
+def insert_rows_by_key_later(
+    model: type[models.Model],
+    attnames: Sequence[str],
+    rows: Sequence[Sequence],
+    *,
+    fk: str,
+    target: type[models.Model],
+    match: tuple[str, str],
+    ignore_conflicts_on: Sequence[str] = (),
+    returning: Sequence[str] = (),
+) -> Pending:
+    """insert_rows_later (PostgreSQL only) where each row names the row its foreign key
+    fk points to by a key instead of an id: in fk's place the row holds the value of
+    target's column match[1], for the target row whose column match[0] equals the row's
+    own match[0]. Rows whose target does not exist are not inserted (nor returned).
+
+    Why: the insert need not wait for the target's id to be read first, so it can go
+    in the same round trip as that read (pipeline())."""
+    if not rows:
+        return Pending.done([])
+    sql, source = _insert_by_key_sql(
+        model,
+        tuple(attnames),
+        fk,
+        target,
+        match,
+        tuple(ignore_conflicts_on),
+        tuple(returning),
+        len(rows) >= _ARRAYS_FROM_ROWS,
+    )
+    return _send(sql, source.params(rows), bool(returning))
+
+
+@lru_cache(maxsize=16)
+def _insert_by_key_sql(model, attnames, fk, target, match, conflict_on, returning, arrays):
     quote = connection.ops.quote_name
-    table = quote(model._meta.db_table)
-    columns = ", ".join(quote(f.column) for f in fields)
+    fields = _fields(model, attnames)
+    at = attnames.index(fk)
+    shared, key = match
+    key_field = target._meta.get_field(key)
+    source = _source_of((*fields[:at], key_field, *fields[at + 1 :]), arrays)
+    values = source.columns()
+    own_shared = values[attnames.index(shared)]
+    target_shared = quote(target._meta.get_field(shared).column)
+    join = f"k.{target_shared} = {own_shared} AND k.{quote(key_field.column)} = {values[at]}"
+    values[at] = f"k.{quote(target._meta.pk.column)}"
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608
+        f"SELECT {', '.join(values)} FROM {source.sql('r')} "
+        f"JOIN {quote(target._meta.db_table)} AS k ON {join}"
+        f"{_tail(conflict_on, returning)}"
+    )
+    return sql, source
+
+
+def _tail(conflict_on: Sequence[str], returning: Sequence[str]) -> str:
+    quote = connection.ops.quote_name
     conflict = ""
-    if ignore_conflicts_on:
-        conflict = f" ON CONFLICT ({', '.join(quote(c) for c in ignore_conflicts_on)}) DO NOTHING"
+    if conflict_on:
+        conflict = f" ON CONFLICT ({', '.join(quote(c) for c in conflict_on)}) DO NOTHING"
     back = f" RETURNING {', '.join(quote(c) for c in returning)}" if returning else ""
-    if connection.vendor == "postgresql":
-        return _insert_postgresql(table, columns, fields, rows, conflict + back, bool(returning))
-    return _insert_portable(table, columns, fields, rows, conflict + back, bool(returning))
+    return conflict + back
 
 
-def _insert_postgresql(table, columns, fields, rows, tail, returning) -> list[tuple]:
-    sql, float_columns = _postgresql_insert(table, columns, fields, tail)
-    if float_columns:
-        rows = [_finite(row, float_columns) for row in rows]
-    # One JSON document holds every row: orjson writes it in C at about a microsecond a
-    # row, where binding one array per column cost psycopg tens of microseconds per
-    # array in Python, whatever the number of rows (about 0.8 ms per single event).
-    try:
-        payload = orjson.dumps(rows)
-    except TypeError:  # an integer over 64 bits: PostgreSQL's own error is the clear one
-        payload = json.dumps(rows, default=str).encode()
-    with _cursor() as cursor:
-        _execute(cursor, sql, (payload.decode(),))
-        return cursor.fetchall() if returning else []
+# Statement texts are built once per shape and process: building them took a third of
+# a single event's CPU (field types, quoting).
+@lru_cache(maxsize=256)
+def _insert_sql(model, attnames, conflict_on, returning, arrays) -> tuple[str, _Source]:
+    quote = connection.ops.quote_name
+    fields = _fields(model, attnames)
+    source = _source_of(fields, arrays)
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608
+        f"SELECT {', '.join(source.columns())} FROM {source.sql('r')}"
+        f"{_tail(conflict_on, returning)}"
+    )
+    return sql, source
+
+
+# Rows reach PostgreSQL in one of two shapes. A few rows (a single event, a small
+# group): one JSON document, which orjson writes in C in microseconds, where binding an
+# array per column cost psycopg tens of microseconds per array in Python (0.8 ms of a
+# single event). Many rows (a batch): one binary array per column, which PostgreSQL
+# reads without parsing text; for 1000 rows JSON cost it three times the CPU.
+_ARRAYS_FROM_ROWS = 20
+
+
+class _Source:
+    """A FROM item that yields the rows, with one parameter or one per column."""
+
+    def __init__(self, fields: tuple, arrays: bool):
+        self.fields, self.arrays = fields, arrays
+        self.floats = tuple(i for i, f in enumerate(fields) if isinstance(f, models.FloatField))
+        self.json_columns = tuple(i for i, f in enumerate(fields) if _is_json(f))
+
+    def sql(self, alias: str) -> str:
+        if not self.arrays:
+            return f"jsonb_array_elements(%s::jsonb) AS {alias}"
+        unnest = ", ".join(
+            "%b::text[]" if _is_json(f) else f"%b::{f.db_type(connection)}[]" for f in self.fields
+        )
+        names = ", ".join(f"c{i}" for i in range(len(self.fields)))
+        return f"unnest({unnest}) AS {alias}({names})"
+
+    def columns(self, alias: str = "r") -> list[str]:
+        """The SQL of each value of a row, as its field's type."""
+        out = []
+        for i, field in enumerate(self.fields):
+            if self.arrays:
+                out.append(f"{alias}.c{i}::jsonb" if _is_json(field) else f"{alias}.c{i}")
+            elif _is_json(field):
+                out.append(f"NULLIF({alias}->{i}, 'null'::jsonb)")
+            else:
+                out.append(f"({alias}->>{i})::{_cast(field)}")
+        return out
+
+    def params(self, rows) -> list:
+        if self.arrays:
+            return [
+                [None if row[i] is None else _json_text(row[i]) for row in rows]
+                if i in self.json_columns
+                else [row[i] for row in rows]
+                for i in range(len(self.fields))
+            ]
+        if self.floats:
+            rows = [_finite(row, self.floats) for row in rows]
+        try:
+            return [orjson.dumps(rows).decode()]
+        except TypeError:  # an integer over 64 bits: PostgreSQL's own error is the clear one
+            return [json.dumps(rows, default=str)]
+
+
+@lru_cache(maxsize=128)
+def _source_of(fields: tuple, arrays: bool) -> _Source:
+    return _Source(fields, arrays)
 
 
 def _finite(row, float_columns) -> tuple:
@@ -107,22 +244,6 @@ def _finite(row, float_columns) -> tuple:
     return tuple(row)
 
 
-@lru_cache(maxsize=64)
-def _postgresql_insert(table: str, columns: str, fields: tuple, tail: str) -> tuple[str, tuple]:
-    """The statement (rows as one JSON array of arrays, bound as one parameter) and the
-    positions of float columns."""
-    select = ", ".join(
-        f"NULLIF(r->{i}, 'null'::jsonb)" if _is_json(f) else f"(r->>{i})::{_cast(f)}"
-        for i, f in enumerate(fields)
-    )
-    sql = (
-        f"INSERT INTO {table} ({columns}) SELECT {select} "  # noqa: S608 (identifiers only)
-        f"FROM jsonb_array_elements(%s::jsonb) AS r{tail}"
-    )
-    floats = tuple(i for i, f in enumerate(fields) if isinstance(f, models.FloatField))
-    return sql, floats
-
-
 def _cast(field) -> str:
     # Without the length: an explicit cast to varchar(n) would cut a longer string
     # silently, where storing it into the column refuses it.
@@ -130,7 +251,12 @@ def _cast(field) -> str:
     return db_type.split("(")[0] if db_type.startswith("varchar") else db_type
 
 
-def _insert_portable(table, columns, fields, rows, tail, returning) -> list[tuple]:
+def _insert_portable(model, attnames, rows, conflict_on, returning) -> list[tuple]:
+    quote = connection.ops.quote_name
+    fields = _fields(model, attnames)
+    table = quote(model._meta.db_table)
+    columns = ", ".join(quote(f.column) for f in fields)
+    tail = _tail(conflict_on, returning)
     one = "(" + ", ".join(["%s"] * len(fields)) + ")"
     out: list[tuple] = []
     with connection.cursor() as cursor:
@@ -164,7 +290,113 @@ def update_row(model: type[models.Model], pk, values: dict) -> None:
         _execute(cursor, sql, params)
 
 
+def update_rows_later(
+    model: type[models.Model], attnames: Sequence[str], rows: Sequence[Sequence]
+) -> Pending:
+    """UPDATE the given columns of many rows in one statement: rows are (pk, *values in
+    the order of attnames)."""
+    if not rows:
+        return Pending.done([])
+    attnames = tuple(attnames)
+    if connection.vendor != "postgresql":
+        for pk, *values in rows:
+            update_row(model, pk, dict(zip(attnames, values, strict=True)))
+        return Pending.done([])
+    sql, source = _update_sql(model, attnames, len(rows) >= _ARRAYS_FROM_ROWS)
+    return _send(sql, source.params(rows), False)
+
+
+@lru_cache(maxsize=256)
+def _update_sql(model, attnames, arrays) -> tuple[str, _Source]:
+    pk_field = model._meta.pk
+    fields = (pk_field, *_fields(model, attnames))
+    source = _source_of(fields, arrays)
+    quote = connection.ops.quote_name
+    pk_value, *values = source.columns()
+    assignments = ", ".join(
+        f"{quote(f.column)} = {value}" for f, value in zip(fields[1:], values, strict=True)
+    )
+    sql = (
+        f"UPDATE {quote(model._meta.db_table)} AS t SET {assignments} "  # noqa: S608
+        f"FROM {source.sql('r')} WHERE t.{quote(pk_field.column)} = {pk_value}"
+    )
+    return sql, source
+
+
+def insert_with_children_later(
+    parent: type[models.Model],
+    attnames: Sequence[str],
+    rows: Sequence[Sequence],
+    key: Sequence[str],
+    child: type[models.Model],
+    child_attnames: Sequence[str],
+    child_rows: Sequence[Sequence],
+) -> Pending:
+    """INSERT parent rows and their children in one statement; the answer is (pk, *key)
+    for each parent row. key: attnames of the parent that identify a row of this
+    insert (they must be among attnames); child_attnames: the child's columns, its
+    foreign key to the parent first; child_rows: (*key values, *the other columns), the
+    key naming the parent whose new pk fills the foreign key."""
+    if not rows:
+        return Pending.done([])
+    if connection.vendor != "postgresql" or not child_rows:
+        back = insert_rows(parent, attnames, rows, returning=("id", *key))
+        ids = {tuple(found[1:]): found[0] for found in back}
+        width = len(key)
+        insert_rows(
+            child,
+            child_attnames,
+            [(ids[tuple(row[:width])], *row[width:]) for row in child_rows],
+        )
+        return Pending.done(back)
+    sql, source, child_source = _children_sql(
+        parent,
+        tuple(attnames),
+        tuple(key),
+        child,
+        tuple(child_attnames),
+        len(rows) >= _ARRAYS_FROM_ROWS,
+        len(child_rows) >= _ARRAYS_FROM_ROWS,
+    )
+    return _send(sql, [*source.params(rows), *child_source.params(child_rows)], True)
+
+
+@lru_cache(maxsize=64)
+def _children_sql(parent, attnames, key, child, child_attnames, arrays, child_arrays):
+    quote = connection.ops.quote_name
+    fields = _fields(parent, attnames)
+    key_fields = _fields(parent, key)
+    child_fields = _fields(child, child_attnames)
+    source = _source_of(fields, arrays)
+    # Child rows: the parent's key first, then the child's columns after its foreign key.
+    child_source = _source_of((*key_fields, *child_fields[1:]), child_arrays)
+    pk = quote(parent._meta.pk.column)
+    key_columns = [quote(f.column) for f in key_fields]
+    child_values = child_source.columns("x")
+    width = len(key)
+    join = " AND ".join(
+        f"p.{column} = {value}"
+        for column, value in zip(key_columns, child_values[:width], strict=True)
+    )
+    sql = (
+        f"WITH p AS (INSERT INTO {quote(parent._meta.db_table)} "  # noqa: S608
+        f"({', '.join(quote(f.column) for f in fields)}) "
+        f"SELECT {', '.join(source.columns())} FROM {source.sql('r')} "
+        f"RETURNING {pk}, {', '.join(key_columns)}), "
+        f"c AS (INSERT INTO {quote(child._meta.db_table)} "
+        f"({', '.join(quote(f.column) for f in child_fields)}) "
+        f"SELECT p.{pk}, {', '.join(child_values[width:])} "
+        f"FROM {child_source.sql('x')} JOIN p ON {join}) "
+        f"SELECT {pk}, {', '.join(key_columns)} FROM p"
+    )
+    return sql, source, child_source
+
+
 def select_locked(model: type[models.Model], where: dict[str, Sequence]) -> list:
+    return select_locked_later(model, where).result()
+
+
+def select_locked_later(model: type[models.Model], where: dict[str, Sequence]) -> Pending:
     """Rows whose columns are in the given values, locked FOR UPDATE (where the
     database has row locks), in primary-key order so that two transactions lock in the
     same order and wait for each other instead of deadlocking.
@@ -172,38 +404,95 @@ def select_locked(model: type[models.Model], where: dict[str, Sequence]) -> list
     Not a queryset: the ORM spends about 0.5 ms compiling each one, which is most of a
     single event's budget."""
     if any(not values for values in where.values()):
-        return []
-    quote = connection.ops.quote_name
-    meta = model._meta
-    fields = meta.concrete_fields
-    columns = ", ".join(quote(f.column) for f in fields)
+        return Pending.done([])
     postgresql = connection.vendor == "postgresql"
+    if postgresql:  # one array parameter per column: the same text, prepared once
+        sql, instances = _select_sql(model, tuple(where))
+        return _send(sql, [list(values) for values in where.values()], True, instances)
+    quote = connection.ops.quote_name
     conditions, params = [], []
     for column, values in where.items():
-        if postgresql:  # one array parameter: the same statement text, prepared once
-            conditions.append(f"{quote(column)} = ANY(%s)")
-            params.append(list(values))
-        else:
-            conditions.append(f"{quote(column)} IN ({', '.join(['%s'] * len(values))})")
-            params.extend(values)
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-    sql = (
-        f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {' AND '.join(conditions)}"  # noqa: S608
-        f" ORDER BY {quote(meta.pk.column)}{lock}"
-    )
-    with _cursor() as cursor:
-        _execute(cursor, sql, params)
-        rows = cursor.fetchall()
-    converters = _converters(model)
-    names = [f.attname for f in fields]
-    out = []
-    for row in rows:
-        values = [
-            value if convert is None or value is None else convert(value)
-            for value, convert in zip(row, converters, strict=True)
+        conditions.append(f"{quote(column)} IN ({', '.join(['%s'] * len(values))})")
+        params.extend(values)
+    order = quote(model._meta.pk.column)
+    sql = f"{_select_head(model)} WHERE {' AND '.join(conditions)} ORDER BY {order}"  # noqa: S608
+    instances = _instances(model)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return Pending.done(instances(cursor.fetchall()))
+
+
+def select_locked_by_key_later(
+    model: type[models.Model],
+    where: dict[str, Sequence],
+    *,
+    fk: str,
+    target: type[models.Model],
+    target_where: dict[str, Sequence],
+) -> Pending:
+    """select_locked_later (PostgreSQL only) whose foreign key fk is given by the
+    target rows that target_where finds, not by their ids: it can go in the same round
+    trip as the statement that locks those target rows."""
+    if any(not values for values in (*where.values(), *target_where.values())):
+        return Pending.done([])
+    sql, instances = _select_by_key_sql(model, tuple(where), fk, target, tuple(target_where))
+    params = [list(v) for v in target_where.values()] + [list(v) for v in where.values()]
+    return _send(sql, params, True, instances)
+
+
+@lru_cache(maxsize=16)
+def _select_by_key_sql(model, columns, fk, target, target_columns) -> tuple:
+    quote = connection.ops.quote_name
+    inner = " AND ".join(f"{quote(c)} = ANY(%s)" for c in target_columns)
+    targets = f"SELECT {quote(target._meta.pk.column)} FROM {quote(target._meta.db_table)}"  # noqa: S608
+    conditions = " AND ".join(
+        [
+            f"{quote(model._meta.get_field(fk).column)} IN ({targets} WHERE {inner})",
+            *(f"{quote(c)} = ANY(%s)" for c in columns),
         ]
-        out.append(model.from_db(connection.alias, names, values))
-    return out
+    )
+    sql = (
+        f"{_select_head(model)} WHERE {conditions} "  # noqa: S608
+        f"ORDER BY {quote(model._meta.pk.column)} FOR UPDATE"
+    )
+    return sql, _instances(model)
+
+
+def _select_head(model) -> str:
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in model._meta.concrete_fields)
+    return f"SELECT {columns} FROM {quote(model._meta.db_table)}"  # noqa: S608
+
+
+@lru_cache(maxsize=64)
+def _select_sql(model, columns: tuple) -> tuple:
+    quote = connection.ops.quote_name
+    conditions = " AND ".join(f"{quote(column)} = ANY(%s)" for column in columns)
+    sql = (
+        f"{_select_head(model)} WHERE {conditions} "  # noqa: S608
+        f"ORDER BY {quote(model._meta.pk.column)} FOR UPDATE"
+    )
+    return sql, _instances(model)
+
+
+@lru_cache(maxsize=16)
+def _instances(model):
+    """A function from the cursor's rows to model instances, as the ORM would load them."""
+    converters = _converters(model)
+    names = [f.attname for f in model._meta.concrete_fields]
+    alias = connection.alias
+
+    def instances(rows) -> list:
+        out = []
+        for row in rows:
+            values = [
+                value if convert is None or value is None else convert(value)
+                for value, convert in zip(row, converters, strict=True)
+            ]
+            out.append(model.from_db(alias, names, values))
+        return out
+
+    return instances
 
 
 @lru_cache(maxsize=16)
@@ -231,6 +520,63 @@ def _converters(model: type[models.Model]) -> tuple:
     return tuple(out)
 
 
+class Pending:
+    """The answer to a statement already sent; result() waits for it if need be."""
+
+    def __init__(self, cursor=None, returning: bool = False, convert=None, value=None):
+        self._cursor, self._returning, self._convert, self._value = (
+            cursor,
+            returning,
+            convert,
+            value,
+        )
+
+    @classmethod
+    def done(cls, value) -> Pending:
+        return cls(value=value)
+
+    def result(self):
+        if self._cursor is None:
+            return self._value
+        cursor, self._cursor = self._cursor, None
+        with connection.wrap_database_errors:
+            try:
+                rows = cursor.fetchall() if self._returning else []
+            finally:
+                cursor.close()
+        self._value = self._convert(rows) if self._convert else rows
+        return self._value
+
+
+def _send(sql: str, params, returning: bool, convert=None) -> Pending:
+    cursor = _cursor()
+    try:
+        _execute(cursor, sql, params)
+    except BaseException:
+        cursor.close()
+        raise
+    return Pending(cursor, returning, convert)
+
+
+@contextmanager
+def pipeline():
+    """The statements sent inside go to PostgreSQL together and their answers come
+    back together: one round trip where each would wait for its own (psycopg's
+    pipeline mode). Only statements that do not need each other's results belong in
+    one; read them with Pending.result() inside or after the block. Elsewhere, and when
+    already inside one, a no-op."""
+    if connection.vendor != "postgresql":
+        yield
+        return
+    connection.ensure_connection()
+    raw = connection.connection
+    if raw._pipeline is not None:
+        yield
+        return
+    with connection.wrap_database_errors, raw.pipeline():
+        yield
+
+
 def _execute(cursor, sql: str, params) -> None:
     if isinstance(cursor, psycopg.Cursor):
         # Prepared once per connection and statement text: PostgreSQL then skips the
@@ -246,12 +592,14 @@ def _execute(cursor, sql: str, params) -> None:
 def _cursor():
     """On PostgreSQL a cursor that binds parameters on the server, so psycopg prepares
     a statement it sees repeatedly; elsewhere Django's cursor."""
-    if connection.vendor != "postgresql":
-        return connection.cursor()
-    connection.ensure_connection()
-    if connection.queries_logged:
-        return _LoggedCursor(connection.connection)
-    return psycopg.Cursor(connection.connection)
+    db = connections[DEFAULT_DB_ALIAS]  # not the proxy: each of its lookups costs
+    if db.vendor != "postgresql":
+        return db.cursor()
+    if db.connection is None:
+        db.ensure_connection()
+    if db.queries_logged:
+        return _LoggedCursor(db.connection)
+    return psycopg.Cursor(db.connection)
 
 
 class _LoggedCursor(psycopg.Cursor):

@@ -43,6 +43,7 @@ class _Request:
     actor: str
     events: Sequence
     raw: Sequence[dict]
+    finite: bool = False
     done: threading.Event = field(default_factory=threading.Event)
     result: IngestResult | None = None
     error: BaseException | None = None
@@ -57,9 +58,11 @@ class GroupCommitter:
         self._checked_at = 0.0
         self._failed = False
 
-    def submit(self, project, actor: str, events: Sequence, raw: Sequence[dict]) -> IngestResult:
+    def submit(
+        self, project, actor: str, events: Sequence, raw: Sequence[dict], finite: bool = False
+    ) -> IngestResult:
         """Apply the events; return once they are committed (or raise what failed)."""
-        request = _Request(project, actor, events, raw)
+        request = _Request(project, actor, events, raw, finite)
         self._ensure_thread()
         self._queue.put(request)
         request.done.wait()
@@ -138,13 +141,17 @@ class GroupCommitter:
     @staticmethod
     def _ingest(request: _Request) -> IngestResult:
         try:
-            return ingest(request.project, request.actor, request.events, request.raw)
+            return ingest(
+                request.project, request.actor, request.events, request.raw, finite=request.finite
+            )
         except (OperationalError, InterfaceError):
             # The connection may have died since it was last checked (a database
             # restart, a failover): once more on a new one. Safe: ingest is idempotent
             # by event id.
             close_old_connections()
-            return ingest(request.project, request.actor, request.events, request.raw)
+            return ingest(
+                request.project, request.actor, request.events, request.raw, finite=request.finite
+            )
 
     @staticmethod
     def _apply_together(requests: list[_Request]) -> None:
@@ -153,7 +160,8 @@ class GroupCommitter:
             events.extend(request.events)
             raw.extend(request.raw)
             actors.extend([request.actor] * len(request.events))
-        result = ingest(requests[0].project, actors, events, raw)
+        finite = all(request.finite for request in requests)
+        result = ingest(requests[0].project, actors, events, raw, finite=finite)
         start = 0
         for request in requests:
             end = start + len(request.events)
@@ -173,7 +181,9 @@ _committer: GroupCommitter | None = None
 _committer_lock = threading.Lock()
 
 
-def apply_events(project, actor: str, events: Sequence, raw: Sequence[dict]) -> IngestResult:
+def apply_events(
+    project, actor: str, events: Sequence, raw: Sequence[dict], finite: bool = False
+) -> IngestResult:
     """The ingest endpoint's way in: through this process's committer, or directly when
     INGEST_GROUP_COMMIT is off (the in-process test client, whose test transaction
     another thread could not see)."""
@@ -182,9 +192,9 @@ def apply_events(project, actor: str, events: Sequence, raw: Sequence[dict]) -> 
         # A batch already shares its transaction among its events; sent through the
         # one committer thread, batches of a process would wait for each other instead
         # of running side by side.
-        return ingest(project, actor, events, raw)
+        return ingest(project, actor, events, raw, finite=finite)
     if _committer is None:
         with _committer_lock:
             if _committer is None:
                 _committer = GroupCommitter(settings.EVENTS_MAX_BATCH)
-    return _committer.submit(project, actor, events, raw)
+    return _committer.submit(project, actor, events, raw, finite)
