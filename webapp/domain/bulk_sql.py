@@ -193,7 +193,7 @@ class _Source:
         if not self.arrays:
             return f"jsonb_array_elements(%s::jsonb) AS {alias}"
         unnest = ", ".join(
-            "%b::text[]" if _is_json(f) else f"%b::{f.db_type(connection)}[]" for f in self.fields
+            "%b::text[]" if _is_json(f) else f"%b::{_cast(f)}[]" for f in self.fields
         )
         names = ", ".join(f"c{i}" for i in range(len(self.fields)))
         return f"unnest({unnest}) AS {alias}({names})"
@@ -556,6 +556,21 @@ def _send(sql: str, params, returning: bool, convert=None) -> Pending:
         cursor.close()
         raise
     return Pending(cursor, returning, convert)
+
+
+def commit_later() -> Pending:
+    """COMMIT, sent with the other statements of a pipeline: a transaction's last
+    writes and its commit in one round trip. Only in the outermost atomic block, as its
+    last statement: Django's own commit at the end of the block then has nothing to do
+    (psycopg sends nothing when no transaction is open), and on_commit hooks run then."""
+    cursor = _cursor()
+    try:
+        with connection.wrap_database_errors:
+            cursor.execute("COMMIT", prepare=False)  # a transaction command: not prepared
+    except BaseException:
+        cursor.close()
+        raise
+    return Pending(cursor, False)
 
 
 @contextmanager

@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from webapp.domain.bulk_sql import (
     Pending,
+    commit_later,
     insert_rows_by_key_later,
     insert_rows_later,
     insert_with_children_later,
@@ -104,28 +105,15 @@ def ingest(
     unique = sorted(firsts.values())
 
     keys = sorted({events[i].run for i in unique})
-    with transaction.atomic():
-        now = timezone.now()
-
-        def row(i: int, run) -> tuple:
-            return _event_row(project, run, actors[i], events[i], raw[i], now, safe)
-
-        if connection.vendor == "postgresql":
-            runs, inserted, existing = _read_and_insert_together(project, keys, events, unique, row)
-        else:
-            runs = _lock_runs(project, keys)
-            inserted = _event_ids(
-                _insert_events_later([row(i, runs[events[i].run].pk) for i in unique]).result()
-            )
-            existing = _lock_checkpoints(runs, events, unique)
-        fresh = [events[i] for i in unique if events[i].id in inserted]
-        # Applied in time order so that a batch replayed from a spool, or events that
-        # crossed on the network, end in the state the newest event describes.
-        fresh.sort(key=lambda e: e.time)
-        applier = _Applier(project, runs, safe)
-        applier.apply(fresh, existing)
-        enqueued = applier.flush()
-
+    together = connection.vendor == "postgresql"
+    try:
+        inserted, enqueued = _store(project, keys, events, unique, actors, raw, safe, together)
+    except _NewRuns:
+        # A run the events name did not exist: its events may have been inserted before
+        # its row was locked, and waiting for that lock while holding them can deadlock
+        # with a request that holds the lock and sends the same events. All of it was
+        # rolled back; now the runs are created and locked before anything else.
+        inserted, enqueued = _store(project, keys, events, unique, actors, raw, safe, False)
     result = IngestResult(enqueued=enqueued)
     for i, event in enumerate(events):
         is_new = event.id in inserted and firsts[event.id] == i
@@ -160,6 +148,38 @@ def _as_is(value):
     return value
 
 
+class _NewRuns(Exception):
+    pass
+
+
+def _store(project, keys, events, unique, actors, raw, safe, together: bool):
+    """One transaction: insert the new events, fold them into runs and checkpoints."""
+    with transaction.atomic():
+        now = timezone.now()
+
+        def row(i: int, run) -> tuple:
+            return _event_row(project, run, actors[i], events[i], raw[i], now, safe)
+
+        if together:
+            runs, inserted, existing = _read_and_insert_together(project, keys, events, unique, row)
+        else:
+            runs = _lock_runs(project, keys)
+            inserted = _event_ids(
+                _insert_events_later([row(i, runs[events[i].run].pk) for i in unique]).result()
+            )
+            existing = _lock_checkpoints(runs, events, unique)
+        fresh = [events[i] for i in unique if events[i].id in inserted]
+        # Applied in time order so that a batch replayed from a spool, or events that
+        # crossed on the network, end in the state the newest event describes.
+        fresh.sort(key=lambda e: e.time)
+        applier = _Applier(project, runs, safe)
+        applier.apply(fresh, existing)
+        # The last round trip carries the COMMIT too, unless a caller's transaction
+        # holds this one (then that caller commits).
+        enqueued = applier.flush(commit=together and len(connection.atomic_blocks) == 1)
+    return inserted, enqueued
+
+
 def _read_and_insert_together(project: Project, keys: list[str], events, unique, row):
     """In one round trip (a transaction's BEGIN included): lock the runs, insert the
     events, lock the checkpoints they name. The events and checkpoints name their runs
@@ -167,8 +187,8 @@ def _read_and_insert_together(project: Project, keys: list[str], events, unique,
     much as the work of an event (bench/ingest.py), and a single event's transaction
     had six of them.
 
-    A run that does not exist yet is created afterwards, and its events inserted then:
-    only the first events of a run pay for the extra round trips."""
+    When a run does not exist yet this raises _NewRuns: only the first events of a run
+    pay for the way round."""
     steps = sorted({events[i].step for i in unique if events[i].type in CHECKPOINT_TYPES})
     with pipeline():
         locked = select_locked_later(Run, {"project_id": [project.pk], "key": keys})
@@ -192,15 +212,8 @@ def _read_and_insert_together(project: Project, keys: list[str], events, unique,
         runs = {run.key: run for run in locked.result()}
         inserted = _event_ids(new_events.result())
         existing = checkpoints.result()
-    missing = {key for key in keys if key not in runs}
-    if missing:
-        runs = _lock_runs(project, keys)
-        late = [i for i in unique if events[i].run in missing]
-        inserted |= _event_ids(
-            _insert_events_later([row(i, runs[events[i].run].pk) for i in late]).result()
-        )
-        # Another transaction may have made the run meanwhile, with checkpoints.
-        existing += _lock_checkpoints({k: runs[k] for k in missing}, events, late)
+    if len(runs) < len(keys):
+        raise _NewRuns  # rolls the transaction back (ingest then takes the other way)
     return runs, inserted, existing
 
 
@@ -454,8 +467,10 @@ class _Applier:
 
     # --- writing --------------------------------------------------------------------
 
-    def flush(self) -> list[int]:
-        """Write everything folded so far; return the ids of checkpoints to validate."""
+    def flush(self, commit: bool = False) -> list[int]:
+        """Write everything folded so far; return the ids of checkpoints to validate.
+        commit: send the COMMIT with the last writes (the caller's atomic block is the
+        outermost and ends right after)."""
         now = timezone.now()
         for key in self.to_validate:
             checkpoint = self.checkpoints[key]
@@ -475,6 +490,7 @@ class _Applier:
         ]
         if resaved:  # a step saved again with other files: the old list goes
             CheckpointFile.objects.filter(checkpoint_id__in=resaved).delete()
+        self._flush_metrics()
         # What is left does not depend on answers: one round trip for all of it.
         with pipeline():
             created = _insert_checkpoints_later(
@@ -502,12 +518,15 @@ class _Applier:
             ]
             ids = {(run_id, step): pk for pk, run_id, step in created.result()}
             files_of_existing.result()
+            if commit:
+                committed = commit_later()
             for update in runs:
                 update.result()
+            if commit:
+                committed.result()
         for checkpoint in self.new_checkpoints:
             checkpoint.pk = ids[(checkpoint.run_id, checkpoint.step)]
             checkpoint._state.adding = False
-        self._flush_metrics()
 
         to_validate = sorted(self.checkpoints[key].pk for key in self.to_validate)
         if to_validate:
