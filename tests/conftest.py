@@ -280,6 +280,18 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.1):
     raise AssertionError(f"condition not met within {timeout}s")
 
 
+def run_together(target, argument_lists) -> None:
+    """target(*arguments) for each list of arguments, each in its own thread, at once;
+    returns when all have."""
+    import threading
+
+    threads = [threading.Thread(target=target, args=tuple(a)) for a in argument_lists]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def free_port() -> int:
     import socket
 

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from django.db import connection
 
-from tests.conftest import WebServer, queued_tasks, saved
+from tests.conftest import WebServer, queued_tasks, run_together, saved
 from webapp.domain.group_commit import GroupCommitter, _Request
 from webapp.domain.models import Checkpoint, CheckpointFile, Event, Project
 
@@ -36,12 +36,9 @@ def test_concurrent_requests_share_transactions_and_each_gets_its_own_statuses(p
                 answers[body["id"]].append(answer["results"][0]["status"])
 
     try:
-        threads = [threading.Thread(target=send, args=(events[k::8],)) for k in range(8)]
-        threads += [threading.Thread(target=send, args=(events[k::8][::-1],)) for k in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_together(
+            send, [[events[k::8]] for k in range(8)] + [[events[k::8][::-1]] for k in range(8)]
+        )
     finally:
         web.stop()
 

@@ -3,11 +3,9 @@ requests commit go onto the queue in a few messages, and none is left out."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
-from tests.conftest import WebServer, queued_tasks, saved
+from tests.conftest import WebServer, queued_tasks, run_together, saved
 from webapp.domain.models import Checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,11 +40,7 @@ def test_checkpoints_of_many_requests_are_queued_once_each_in_fewer_messages(
                 failures.append((status, answer))
 
     try:
-        threads = [threading.Thread(target=send, args=(events[k::8],)) for k in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_together(send, [[events[k::8]] for k in range(8)])
     finally:
         web.stop()
 

@@ -140,18 +140,19 @@ class GroupCommitter:
 
     @staticmethod
     def _ingest(request: _Request) -> IngestResult:
-        try:
+        def once() -> IngestResult:
             return ingest(
                 request.project, request.actor, request.events, request.raw, finite=request.finite
             )
+
+        try:
+            return once()
         except (OperationalError, InterfaceError):
             # The connection may have died since it was last checked (a database
             # restart, a failover): once more on a new one. Safe: ingest is idempotent
             # by event id.
             close_old_connections()
-            return ingest(
-                request.project, request.actor, request.events, request.raw, finite=request.finite
-            )
+            return once()
 
     @staticmethod
     def _apply_together(requests: list[_Request]) -> None:
