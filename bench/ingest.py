@@ -2,11 +2,12 @@
 
     .venv/bin/python bench/ingest.py                 # the whole thing, about 12 minutes
     .venv/bin/python bench/ingest.py --quick         # 8 s phases, one setting per system
-    .venv/bin/python bench/ingest.py --skip-mlflow --gunicorn sync:2
+    .venv/bin/python bench/ingest.py --skip-mlflow --gunicorn asgi:1
 
 What it measures, in one run on one machine (everything on 127.0.0.1):
 
-* Lifeboat under gunicorn on PostgreSQL (database lifeboat_bench, Redis db 12 as the
+* Lifeboat under gunicorn on PostgreSQL (as deployed: uvicorn workers serving
+  webapp.asgi; or the WSGI application, webapp.wsgi) (database lifeboat_bench, Redis db 12 as the
   Celery broker; no worker runs, the validation tasks pile up in Redis and are flushed at
   the end). A project and an ingest token are made with `manage.py create_project`.
 * Load from wrk (apt-get install -y wrk) with bench/ingest.lua: 8 connections, every
@@ -596,14 +597,21 @@ class Lifeboat(System):
 
     def start(self, setting: Setting) -> None:
         o = setting.options
+        env = self.env
+        if o["worker_class"] == "asgi":
+            # What make run and docker-compose.yml serve: uvicorn workers under gunicorn.
+            app, worker_class = "webapp.asgi:application", "uvicorn_worker.UvicornWorker"
+            env = {**env, "WEB_THREADS": str(o["threads"])}
+        else:
+            app, worker_class = "webapp.wsgi:application", o["worker_class"]
         cmd = [
-            self.gunicorn, "webapp.wsgi:application",
+            self.gunicorn, app,
             "--bind", f"127.0.0.1:{self.args.lifeboat_port}",
-            "--worker-class", o["worker_class"], "--workers", str(o["workers"]),
+            "--worker-class", worker_class, "--workers", str(o["workers"]),
             "--threads", str(o["threads"]), "--timeout", "120", "--graceful-timeout", "10",
             "--backlog", "2048", "--log-level", "warning", "--no-control-socket",
         ]  # fmt: skip
-        proc = PROCS.start(self.process, cmd, self.env)
+        proc = PROCS.start(self.process, cmd, env)
         wait_http(f"{self.url}/api/v1/openapi.json", proc, self.process, 60)
 
     def batch_size(self, mode: str) -> int:
@@ -754,18 +762,21 @@ class MLflow(System):
 
 
 def parse_gunicorn(spec: str) -> Setting:
-    """sync:2 (2 sync workers) or gthread:2x4 (2 workers with 4 threads each)."""
+    """sync:2 (2 sync workers), gthread:2x4 (2 workers with 4 threads each) or asgi:2
+    (2 uvicorn workers serving webapp.asgi, as deployed; asgi:2x8 sets WEB_THREADS)."""
     try:
         kind, _, size = spec.partition(":")
         if kind == "sync":
             workers, threads = int(size), 1
-        elif kind == "gthread":
+        elif kind == "gthread" or (kind == "asgi" and "x" in size):
             workers, threads = (int(x) for x in size.split("x"))
+        elif kind == "asgi":
+            workers, threads = int(size), 8
         else:
             raise ValueError(kind)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{spec!r}: expected sync:WORKERS or gthread:WORKERSxTHREADS"
+            f"{spec!r}: expected sync:WORKERS, gthread:WORKERSxTHREADS or asgi:WORKERS[xTHREADS]"
         ) from None
     label = f"gunicorn {kind} workers={workers}" + (f" threads={threads}" if threads > 1 else "")
     return Setting(label, {"worker_class": kind, "workers": workers, "threads": threads})
@@ -930,8 +941,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=parse_gunicorn,
         action="append",
         metavar="SPEC",
-        help="a gunicorn setting to try: sync:N or gthread:NxT (repeatable; default: "
-        "sync:3, gthread:2x4, gthread:2x8, gthread:3x8)",
+        help="a gunicorn setting to try: asgi:N[xT] (uvicorn workers, webapp.asgi, as "
+        "deployed), sync:N or gthread:NxT (webapp.wsgi) (repeatable; default: asgi:1, asgi:2, "
+        "gthread:2x4)",
     )
     parser.add_argument("--gunicorn-workers", type=int,
                         help="measure only this many workers (see --gunicorn-threads)")  # fmt: skip
@@ -961,16 +973,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.duration, args.warmup = min(args.duration, 8), min(args.warmup, 2)
         if not args.gunicorn and not args.gunicorn_workers:
-            args.gunicorn = [parse_gunicorn("gthread:2x8")]
+            args.gunicorn = [parse_gunicorn("asgi:1")]
     if args.gunicorn_workers:
         kind = "gthread" if args.gunicorn_threads > 1 else "sync"
         size = f"{args.gunicorn_workers}x{args.gunicorn_threads}" if kind == "gthread" else ""
         args.gunicorn = [parse_gunicorn(f"{kind}:{size or args.gunicorn_workers}")]
     if not args.gunicorn:
-        # Threaded workers let concurrent requests share a transaction (group commit).
-        args.gunicorn = [
-            parse_gunicorn(s) for s in ("sync:3", "gthread:2x4", "gthread:2x8", "gthread:3x8")
-        ]
+        # asgi: what production serves (uvicorn workers, webapp.asgi); gthread: the WSGI
+        # application with threads, for comparison.
+        args.gunicorn = [parse_gunicorn(s) for s in ("asgi:1", "asgi:2", "gthread:2x4")]
     args.modes = [m for m in args.modes.split(",") if m]
     if set(args.modes) - {"single", "batched"}:
         parser.error("--modes takes single and/or batched")

@@ -373,10 +373,11 @@ def gunicorn_control_socket_off() -> list[str]:
 
 
 def start_app(env: dict[str, str], bind: str) -> None:
-    workers = env.get("WEB_CONCURRENCY", "3")
-    # Threads: the event requests a process holds at one moment share one transaction.
-    web = [BIN / "gunicorn", "webapp.wsgi", "-b", bind, "-w", workers, "--threads", "8"]
-    web += ["--access-logfile", "-"]
+    workers = env.get("WEB_CONCURRENCY", "2")
+    # uvicorn workers serving webapp.asgi: single events are read on each worker's event
+    # loop and share transactions; pages run in WEB_THREADS threads per worker.
+    web = [BIN / "gunicorn", "webapp.asgi", "-k", "uvicorn_worker.UvicornWorker"]
+    web += ["-b", bind, "-w", workers, "--access-logfile", "-"]
     start("web", [*web, *gunicorn_control_socket_off()], env)
     worker = [BIN / "celery", "-A", "workers", "worker", "-Q", QUEUES, "-l", "info"]
     start("worker", [*worker, "--concurrency", "2"], env)

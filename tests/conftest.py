@@ -101,10 +101,116 @@ def call_wsgi(path: str, body: bytes, headers: dict[str, str], method: str = "PO
     return WsgiResponse(started[0], started[1], body_out)
 
 
+def call_asgi(path: str, body: bytes, headers: dict[str, str], method: str = "POST"):
+    """One request through webapp.asgi.application, the application production serves:
+    its event loop runs in a thread of its own, as in a server, and the work it hands
+    to its thread pool (the database, Django's other routes) runs in this thread, inside
+    the test's transaction. The body arrives in pieces, as a server passes it on."""
+    import asyncio
+    import threading
+
+    from webapp.api.ingest_asgi import IngestASGI
+    from webapp.wsgi import application
+
+    global _asgi_app
+    if _asgi_app is None:
+        _asgi_app = IngestASGI(application, threads=1, executor=_CallerExecutor())
+    pieces = [body[i : i + 65536] for i in range(0, len(body), 65536)] or [b""]
+    messages = [
+        {"type": "http.request", "body": piece, "more_body": i < len(pieces) - 1}
+        for i, piece in enumerate(pieces)
+    ]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-length", str(len(body)).encode())]
+        + [(name.lower().encode(), value.encode()) for name, value in headers.items()],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+    sent: list[dict] = []
+    failed: list[BaseException] = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    def serve():
+        try:
+            asyncio.run(_asgi_app(scope, receive, send))
+        except BaseException as exc:  # noqa: BLE001  (raised again in the test's thread)
+            failed.append(exc)
+        finally:
+            _asgi_app.pool.stop()
+
+    from django.core import signals
+    from django.db import close_old_connections
+
+    # As in call_wsgi: Django's other routes must not close the test's connection.
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    loop_thread = threading.Thread(target=serve)
+    loop_thread.start()
+    try:
+        _asgi_app.pool.work_here()
+    finally:
+        loop_thread.join()
+        signals.request_started.connect(close_old_connections)
+        signals.request_finished.connect(close_old_connections)
+    if failed:
+        raise failed[0]
+    start = sent[0]
+    return WsgiResponse(
+        str(start["status"]),
+        [(k.decode(), v.decode()) for k, v in start["headers"]],
+        b"".join(m.get("body", b"") for m in sent[1:]),
+    )
+
+
+_asgi_app = None
+
+
+class _CallerExecutor:
+    """concurrent.futures' Executor interface; the calls run in the thread that calls
+    work_here(), until stop()."""
+
+    def __init__(self):
+        import queue
+
+        self._work = queue.SimpleQueue()
+
+    def submit(self, function, *args, **kwargs):
+        from concurrent.futures import Future
+
+        future = Future()
+        self._work.put((future, function, args, kwargs))
+        return future
+
+    def stop(self) -> None:
+        self._work.put(None)
+
+    def work_here(self) -> None:
+        while (item := self._work.get()) is not None:
+            future, function, args, kwargs = item
+            try:
+                future.set_result(function(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001  (handed to the awaiting coroutine)
+                future.set_exception(exc)
+
+
 class Api:
-    """The v1 API with a bearer token. Events go through the WSGI callable gunicorn
+    """The v1 API with a bearer token. Events go through the ASGI application production
     serves (POST /api/v1/events is answered there, before Django's request cycle:
-    webapp/api/ingest_wsgi.py); the rest through the Django test client."""
+    webapp/api/ingest_asgi.py); the rest through the Django test client."""
 
     def __init__(self, client):
         self.client = client
@@ -113,7 +219,7 @@ class Api:
         data = raw if raw is not None else json.dumps(body).encode()
         extra = {"Authorization": f"Bearer {token}"} if token else {}
         extra.update(headers or {})
-        return call_wsgi("/api/v1/events", data, extra)
+        return call_asgi("/api/v1/events", data, extra)
 
     def post_gzip(self, token: str, body):
         return self.post_events(
@@ -300,8 +406,16 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def gunicorn_control_socket_off() -> list[str]:
+    import gunicorn
+
+    # As scripts/run_stack.py: since 25.1 each gunicorn opens ~/.gunicorn/gunicorn.ctl.
+    return ["--no-control-socket"] if gunicorn.version_info >= (25, 1) else []
+
+
 class WebServer:
-    """Lifeboat served by gunicorn in its own process, as in production."""
+    """Lifeboat served by gunicorn in its own process, as in production: uvicorn workers
+    serving webapp.asgi (single events share transactions: webapp/domain/group_commit.py)."""
 
     def __init__(self, env: dict, port: int | None = None, **overrides: str):
         # A given port lets a test stop the server and start it again at the same address.
@@ -313,15 +427,14 @@ class WebServer:
                 sys.executable,
                 "-m",
                 "gunicorn",
-                "webapp.wsgi",
+                "webapp.asgi",
+                "-k",
+                "uvicorn_worker.UvicornWorker",
                 "-b",
                 f"127.0.0.1:{self.port}",
                 "-w",
                 "2",
-                # Threaded workers, as deployed: concurrent requests share a transaction
-                # (webapp/domain/group_commit.py).
-                "--threads",
-                "4",
+                *gunicorn_control_socket_off(),
             ],
             cwd=ROOT,
             env=self.env,

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from django.db import connection
 
-from tests.conftest import WebServer, queued_tasks, run_together, saved
+from tests.conftest import WebServer, queued_tasks, run_together, saved, wait_for
 from webapp.domain.group_commit import GroupCommitter, _Request
 from webapp.domain.models import Checkpoint, CheckpointFile, Event, Project
 
@@ -159,3 +159,49 @@ def test_batches_are_applied_by_their_own_thread_small_requests_by_the_committer
     assert result.statuses == ["created"] * size
     assert routed == [1]  # only the small request went through the committer
     assert Checkpoint.objects.count() == size + 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite has no row locks")
+def test_a_second_committer_applies_requests_while_the_first_waits_for_the_database(project):
+    """INGEST_COMMITTERS: each committer thread has its own connection, so requests that
+    arrive while one transaction waits (here on a row lock) are applied by another."""
+    from django.db import transaction
+
+    from webapp.domain.models import Run
+
+    setup = GroupCommitter(1000)
+    setup._apply([_request(project, "token:a", saved(run="held", step=1))])
+
+    def stuck_and_free(threads: int) -> tuple[bool, bool]:
+        committer = GroupCommitter(1000, threads=threads)
+        stuck = _request(project, "token:a", saved(run="held", step=10 + threads))
+        free = _request(project, "token:a", saved(run="free", step=10 + threads))
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update().get(key="held")  # the lock stuck waits on
+                committer.enqueue(stuck)
+                wait_for(_a_session_waits_for_a_lock, timeout=10)
+                committer.enqueue(free)
+                free_done = free.done.wait(timeout=1 if threads == 1 else 10)
+                stuck_done = stuck.done.is_set()
+            assert stuck.done.wait(timeout=10) and free.done.wait(timeout=10)
+        finally:
+            committer.stop()
+        assert stuck.error is None and free.error is None
+        return free_done, stuck_done
+
+    assert stuck_and_free(threads=2) == (True, False)
+    assert stuck_and_free(threads=1) == (False, False)  # one committer: free waits too
+    assert Checkpoint.objects.filter(run__key="free").count() == 2
+    assert Checkpoint.objects.filter(run__key="held").count() == 3
+
+
+def _a_session_waits_for_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        # Inside a transaction the statistics views keep their first snapshot.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0] > 0

@@ -173,6 +173,9 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "") or ""
 LATENCY_FLUSH_MS = env_int("LATENCY_FLUSH_MS", 1000, minimum=0)
 
 # --- Ingest API ----------------------------------------------------------------------
+# Threads per web process (webapp/asgi.py) for the requests that are not single events:
+# pages, reads, batches. Each holds its own database connection.
+WEB_THREADS = env_int("WEB_THREADS", 8, minimum=1)
 # The largest request body POST /api/v1/events accepts; larger ones get 413.
 EVENTS_MAX_BODY_BYTES = env_int("EVENTS_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024)
 EVENTS_MAX_BATCH = env_int("EVENTS_MAX_BATCH", 1000, minimum=1)
@@ -183,6 +186,9 @@ API_TOKEN_CACHE_SECONDS = env_int("API_TOKEN_CACHE_SECONDS", 5, minimum=0)
 # Apply the events of concurrent requests of one web process in one transaction
 # (webapp/domain/group_commit.py). Pays off with gunicorn's threaded workers.
 INGEST_GROUP_COMMIT = env_bool("INGEST_GROUP_COMMIT", True)
+# Committer threads per web process, each with its own database connection: while one
+# waits for PostgreSQL, another applies the requests that arrived meanwhile.
+INGEST_COMMITTERS = env_int("INGEST_COMMITTERS", 2, minimum=1)
 # Validation messages of a web process go out together, at most one per this many ms
 # under load and at once when idle (webapp/domain/validation_outbox.py); 0: one message
 # per transaction, published by the request itself.

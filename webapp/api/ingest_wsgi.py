@@ -34,8 +34,9 @@ from webapp.ops.latency import record
 log = logging.getLogger(__name__)
 
 PATH = "/api/v1/events"
+INTERNAL_ERROR = ApiError(500, "internal error; the server log has the details")
 ROUTE = "api/v1/events"  # the label Django's resolver gives it in the latency histogram
-_REASONS = {
+REASONS = {
     202: "Accepted",
     400: "Bad Request",
     401: "Unauthorized",
@@ -46,11 +47,22 @@ _REASONS = {
 }
 
 
-def _errors(exc: ApiError) -> bytes:
+def error_body(exc: ApiError) -> bytes:
     return orjson.dumps({"error": exc.message, **exc.details})
 
 
-def _close_old_connections() -> None:
+def response_headers(status: int, body: bytes) -> list[tuple[str, str]]:
+    headers = [
+        ("Content-Type", "application/json"),
+        ("Content-Length", str(len(body))),
+        ("X-Content-Type-Options", "nosniff"),
+    ]
+    if status == 401:
+        headers.append(("WWW-Authenticate", 'Bearer realm="lifeboat"'))
+    return headers
+
+
+def close_old_connections() -> None:
     # django.db.close_old_connections, except for a connection inside a transaction:
     # no request begins or ends in one, but a test's request runs inside the test's.
     for connection in connections.all(initialized_only=True):
@@ -69,19 +81,14 @@ class IngestShortcut:
         # What Django's request_started and request_finished do for a database
         # connection, without their other receivers (query log, caches, URLconf), which
         # this route does not use and which cost as much as the rest of the request.
-        _close_old_connections()
+        close_old_connections()
         try:
             status, body = self._answer(environ)
         finally:
-            _close_old_connections()
-        headers = [
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(body))),
-            ("X-Content-Type-Options", "nosniff"),
-        ]
-        if status == 401:
-            headers.append(("WWW-Authenticate", 'Bearer realm="lifeboat"'))
-        start_response(f"{status} {_REASONS.get(status, '')}".rstrip(), headers)
+            close_old_connections()
+        start_response(
+            f"{status} {REASONS.get(status, '')}".rstrip(), response_headers(status, body)
+        )
         record(ROUTE, "POST", time.perf_counter() - started)
         return [body]
 
@@ -100,7 +107,7 @@ class IngestShortcut:
             )
             return 202, body
         except ApiError as exc:
-            return exc.status, _errors(exc)
+            return exc.status, error_body(exc)
         except Exception:
             log.exception("API error on POST %s", PATH)
-            return 500, _errors(ApiError(500, "internal error; the server log has the details"))
+            return 500, error_body(INTERNAL_ERROR)

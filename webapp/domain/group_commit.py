@@ -22,15 +22,16 @@ request's trouble is never another's.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connections
 
 from webapp.domain.ingest import IngestResult, ingest
 
@@ -44,52 +45,106 @@ class _Request:
     events: Sequence
     raw: Sequence[dict]
     finite: bool = False
+    # Called in the committer's thread once result or error is set (an event loop's
+    # waker); a request thread waits on done instead.
+    on_done: Callable[[], None] | None = None
     done: threading.Event = field(default_factory=threading.Event)
     result: IngestResult | None = None
     error: BaseException | None = None
 
+    def finish(self) -> None:
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done()
+
+
+_STOP = object()  # tells a committer thread to end
+
+
+class _ThreadState(threading.local):
+    checked_at = 0.0  # when this thread's connection was last checked
+    failed = False  # whether its last transaction failed
+
 
 class GroupCommitter:
-    def __init__(self, max_events: int):
+    def __init__(self, max_events: int, threads: int = 1):
         self.max_events = max_events
+        self.thread_count = threads
         self._queue: queue.SimpleQueue[_Request] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._start_lock = threading.Lock()
-        self._checked_at = 0.0
-        self._failed = False
+        self._state = _ThreadState()
 
     def submit(
         self, project, actor: str, events: Sequence, raw: Sequence[dict], finite: bool = False
     ) -> IngestResult:
         """Apply the events; return once they are committed (or raise what failed)."""
         request = _Request(project, actor, events, raw, finite)
-        self._ensure_thread()
-        self._queue.put(request)
+        self.enqueue(request)
         request.done.wait()
         if request.error is not None:
             raise request.error
         return request.result
 
+    async def submit_async(
+        self, project, actor: str, events: Sequence, raw: Sequence[dict], finite: bool = False
+    ) -> IngestResult:
+        """submit() for a coroutine: the event loop serves other requests meanwhile."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(_resolve, future)
+
+        request = _Request(project, actor, events, raw, finite, on_done=wake)
+        self.enqueue(request)
+        await future
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def enqueue(self, request: _Request) -> None:
+        self._ensure_thread()
+        self._queue.put(request)
+
     def _ensure_thread(self) -> None:
         # Started on first use, in the process that serves requests (after gunicorn's
         # fork: a thread does not survive a fork).
-        if self._thread is not None and self._thread.is_alive():
+        if len(self._threads) == self.thread_count and all(t.is_alive() for t in self._threads):
             return
         with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
+            self._threads = [t for t in self._threads if t.is_alive()]
+            while len(self._threads) < self.thread_count:
+                thread = threading.Thread(
                     target=self._run, name="lifeboat-group-commit", daemon=True
                 )
-                self._thread.start()
+                thread.start()
+                self._threads.append(thread)
+
+    def stop(self) -> None:
+        """End the committer threads once they have applied what is queued; each closes
+        its database connection. A later request starts them again."""
+        with self._start_lock:
+            threads, self._threads = self._threads, []
+        for _ in threads:
+            self._queue.put(_STOP)
+        for thread in threads:
+            thread.join()
 
     def _run(self) -> None:
         while True:
-            group = [self._queue.get()]
-            size = len(group[0].events)
+            first = self._queue.get()
+            if first is _STOP:
+                connections.close_all()
+                return
+            group, size = [first], len(first.events)
             while size < self.max_events:
                 try:
                     request = self._queue.get_nowait()
                 except queue.Empty:
+                    break
+                if request is _STOP:
+                    self._queue.put(request)  # for the next round
                     break
                 group.append(request)
                 size += len(request.events)
@@ -100,16 +155,16 @@ class GroupCommitter:
                 for request in group:
                     if not request.done.is_set():
                         request.error = exc
-                        request.done.set()
+                        request.finish()
 
     def _apply(self, group: list[_Request]) -> None:
         # As a request would: drop a connection that broke or outlived CONN_MAX_AGE. Not
         # before every transaction: with CONN_HEALTH_CHECKS that costs a round trip each
         # time; after a failure, and otherwise once a second, is enough.
-        now = time.monotonic()
-        if self._failed or now - self._checked_at > 1.0:
+        state, now = self._state, time.monotonic()
+        if state.failed or now - state.checked_at > 1.0:
             close_old_connections()
-            self._checked_at, self._failed = now, False
+            state.checked_at, state.failed = now, False
         by_project: dict[int, list[_Request]] = {}
         for request in group:
             by_project.setdefault(request.project.pk, []).append(request)
@@ -120,7 +175,7 @@ class GroupCommitter:
             try:
                 self._apply_together(requests)
             except Exception:
-                self._failed = True
+                self._state.failed = True
                 log.warning(
                     "a group of %d requests failed together; applying each alone",
                     len(requests),
@@ -134,9 +189,9 @@ class GroupCommitter:
         try:
             request.result = self._ingest(request)
         except BaseException as exc:
-            self._failed = True
+            self._state.failed = True
             request.error = exc
-        request.done.set()
+        request.finish()
 
     @staticmethod
     def _ingest(request: _Request) -> IngestResult:
@@ -173,7 +228,12 @@ class GroupCommitter:
             request.result = mine
             start = end
         for request in requests:
-            request.done.set()
+            request.finish()
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():  # not cancelled meanwhile
+        future.set_result(None)
 
 
 # Requests with fewer events than this go through the committer.
@@ -182,20 +242,36 @@ _committer: GroupCommitter | None = None
 _committer_lock = threading.Lock()
 
 
-def apply_events(
-    project, actor: str, events: Sequence, raw: Sequence[dict], finite: bool = False
-) -> IngestResult:
-    """The ingest endpoint's way in: through this process's committer, or directly when
-    INGEST_GROUP_COMMIT is off (the in-process test client, whose test transaction
-    another thread could not see)."""
+def grouped(events: Sequence) -> bool:
+    """Whether these events go through the committer (else they are applied by the
+    caller's thread): a batch already shares its transaction among its events, and
+    sent through the one committer thread, batches of a process would wait for each
+    other instead of running side by side. Off (INGEST_GROUP_COMMIT) for the
+    in-process test client, whose test transaction another thread could not see."""
+    return settings.INGEST_GROUP_COMMIT and len(events) < GROUP_BELOW
+
+
+def committer() -> GroupCommitter:
     global _committer
-    if not settings.INGEST_GROUP_COMMIT or len(events) >= GROUP_BELOW:
-        # A batch already shares its transaction among its events; sent through the
-        # one committer thread, batches of a process would wait for each other instead
-        # of running side by side.
-        return ingest(project, actor, events, raw, finite=finite)
     if _committer is None:
         with _committer_lock:
             if _committer is None:
-                _committer = GroupCommitter(settings.EVENTS_MAX_BATCH)
-    return _committer.submit(project, actor, events, raw, finite)
+                _committer = GroupCommitter(settings.EVENTS_MAX_BATCH, settings.INGEST_COMMITTERS)
+    return _committer
+
+
+def stop_committer() -> None:
+    """At the web process's shutdown (webapp/api/ingest_asgi.py): let the committers end
+    and close their database connections."""
+    if _committer is not None:
+        _committer.stop()
+
+
+def apply_events(
+    project, actor: str, events: Sequence, raw: Sequence[dict], finite: bool = False
+) -> IngestResult:
+    """The ingest endpoint's way in, from a request thread: through this process's
+    committer when grouped(), else directly."""
+    if not grouped(events):
+        return ingest(project, actor, events, raw, finite=finite)
+    return committer().submit(project, actor, events, raw, finite)

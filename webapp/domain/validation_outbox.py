@@ -14,8 +14,9 @@ committed meanwhile.
 
 What is not lost: the checkpoints are stamped validation_enqueued_at in the
 transaction. A publish that fails sets that back to NULL, and workers.sweeper requeues
-them; a process that is stopped publishes what it holds on the way out (atexit); one
-that is killed in the window loses only messages the sweeper sends again later.
+them; a process that is stopped publishes what it holds on the way out (the ASGI
+lifespan's shutdown in webapp/api/ingest_asgi.py, and atexit); one that is killed in
+the window loses only messages the sweeper sends again later.
 """
 
 from __future__ import annotations
@@ -98,6 +99,6 @@ def publish_after_commit(checkpoint_ids: list[int]) -> None:
 
 
 @atexit.register
-def _publish_on_exit() -> None:
-    if _outbox is not None:
-        _outbox.flush()
+def flush_outbox() -> int:
+    """Publish what this process holds (on its way out); the number of checkpoints."""
+    return _outbox.flush() if _outbox is not None else 0

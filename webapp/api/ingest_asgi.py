@@ -1,0 +1,151 @@
+"""Lifeboat as an ASGI application: POST /api/v1/events on the event loop, every other
+request Django's, in a pool of threads.
+
+Why: with gunicorn's threaded workers a single event spent about a fifth of its CPU
+being handed between the threads of a process (the GIL, wake-ups), beyond the
+request's own work (docs/benchmarks.md). Here the event loop of a process reads each
+request, authenticates it from the token cache, checks its events and hands them to
+the process's group committer (webapp/domain/group_commit.py) without a thread per
+request: the loop goes on reading the next requests while a group's transaction runs,
+so groups grow with the load and the per-transaction cost is shared by more events.
+
+What needs the database outside the committer runs in the thread pool, never on the
+loop: a token not in the cache, a batch of GROUP_BELOW events or more (it has its own
+transaction, as under WSGI), and every other route, which is Django's WSGI application
+unchanged (a2wsgi), with the same middleware and the same connection handling as under
+gunicorn's threads. Answers, errors and the latency label are those of
+webapp/api/ingest_wsgi.py; tests/test_ingest_wsgi.py compares the doors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
+
+from a2wsgi import WSGIMiddleware
+from django.conf import settings
+
+from webapp.api.auth import MISSING_TOKEN, bearer_secret, token_with_scope
+from webapp.api.errors import ApiError
+from webapp.api.events import answer, decode_events, parse_events, store_events
+from webapp.api.ingest_wsgi import (
+    INTERNAL_ERROR,
+    PATH,
+    ROUTE,
+    close_old_connections,
+    error_body,
+    response_headers,
+)
+from webapp.domain.group_commit import committer, grouped, stop_committer
+from webapp.domain.models import ApiToken
+from webapp.domain.validation_outbox import flush_outbox
+from webapp.ops.latency import record
+
+log = logging.getLogger(__name__)
+
+
+def _in_thread(function, *args):
+    # As a request thread would: connections closed when broken or too old, before and
+    # after.
+    close_old_connections()
+    try:
+        return function(*args)
+    finally:
+        close_old_connections()
+
+
+class IngestASGI:
+    def __init__(self, django_wsgi, threads: int, executor: Executor | None = None):
+        # One pool for Django's requests and the ingest route's database work bounds the
+        # connections a process holds to `threads` (+ the committers'), as gunicorn's
+        # --threads did. `executor` replaces it (the tests run the route in their own
+        # thread, inside their transaction).
+        self.pool = executor or ThreadPoolExecutor(threads, thread_name_prefix="lifeboat-web")
+        self.django = WSGIMiddleware(django_wsgi, workers=1)
+        self.django.executor.shutdown(wait=False)  # a2wsgi's own pool, replaced by ours
+        self.django.executor = self.pool
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST":
+            await self._ingest(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        else:
+            await self.django(scope, receive, send)
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                # The server has answered its last request: the validation messages this
+                # process still holds go out now. (An atexit handler does the same under
+                # WSGI; a uvicorn worker can end by the signal's default action, skipping
+                # it.)
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self.pool, stop_committer)
+                await loop.run_in_executor(self.pool, flush_outbox)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _ingest(self, scope, receive, send) -> None:
+        started = time.perf_counter()
+        try:
+            status, body = await self._answer(dict(scope["headers"]), receive)
+        except ApiError as exc:
+            status, body = exc.status, error_body(exc)
+        except Exception:
+            log.exception("API error on POST %s", PATH)
+            status, body = 500, error_body(INTERNAL_ERROR)
+        headers = [(k.encode(), v.encode()) for k, v in response_headers(status, body)]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        record(ROUTE, "POST", time.perf_counter() - started)
+
+    async def _answer(self, headers: dict[bytes, bytes], receive) -> tuple[int, bytes]:
+        loop = asyncio.get_running_loop()
+        secret = bearer_secret(headers.get(b"authorization", b"").decode("latin-1"))
+        if secret is None:
+            raise ApiError(401, MISSING_TOKEN)
+        token = ApiToken.cached(secret)
+        if token is None or not token.allows("ingest"):
+            token = await loop.run_in_executor(
+                self.pool, _in_thread, token_with_scope, secret, "ingest"
+            )
+        declared = headers.get(b"content-length", b"").decode("latin-1") or None
+        encoding = headers.get(b"content-encoding", b"").decode("latin-1")
+        body = await _read(receive, declared)
+        raw_events, finite = decode_events(declared, encoding, io.BytesIO(body).read)
+        if not grouped(raw_events):
+            # A batch: checking a thousand events would hold the loop for tens of ms.
+            body = await loop.run_in_executor(
+                self.pool, _in_thread, store_events, token, raw_events, finite
+            )
+            return 202, body
+        events = parse_events(raw_events)
+        result = await committer().submit_async(
+            token.project, token.actor, events, raw_events, finite
+        )
+        return 202, answer(events, result)
+
+
+async def _read(receive, declared: str | None) -> bytes:
+    """The body, or its first limit+1 bytes when it is longer (read_body refuses it with
+    413 then); nothing is read when the declared length is already over the limit."""
+    limit = settings.EVENTS_MAX_BODY_BYTES
+    if declared and declared.isdigit() and int(declared) > limit:
+        return b""
+    chunks, size = [], 0
+    while size <= limit:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
