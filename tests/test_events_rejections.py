@@ -121,6 +121,52 @@ def test_it_rejects_bad_file_entries(api, token, file, message):
     assert response.json()["error"].startswith(f"events[0].{message}"), response.json()
 
 
+BIG = 2**63  # one more than a bigint column holds
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        (saved(step=BIG), "events[0].step: input should be less than or equal to"),
+        (saved(epoch=2**31), "events[0].epoch: input should be less than or equal to"),
+        (
+            saved(files=[{"path": "a.pt", "size": BIG, "sha256": "ab" * 32}]),
+            "events[0].files[0].size: input should be less than or equal to",
+        ),
+        (
+            saved(
+                files=[{"path": f"{i}.pt", "size": BIG // 2, "sha256": "ab" * 32} for i in (1, 2)]
+            ),
+            "events[0].files: the files' sizes add up to more than",
+        ),
+        (event("run.started", world_size=2**31), "events[0].world_size: input should be less"),
+        (event("run.started", resumed_from=-BIG - 1), "events[0].resumed_from"),
+        (event("run.failed", exit_code=2**31), "events[0].exit_code: input should be less"),
+        (event("metrics", points=[{"step": BIG, "values": {}}]), "events[0].points[0].step"),
+    ],
+)
+def test_it_rejects_numbers_beyond_what_the_database_holds(api, token, body, message):
+    # A value that fits no column would fail the transaction: a 500, the whole batch lost.
+    response = api.post_events(token, body)
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"].startswith(message), response.json()
+    assert_nothing_stored()
+
+
+def test_the_largest_numbers_the_database_holds_are_accepted(api, token):
+    body = saved(step=BIG - 1, epoch=2**31 - 1)
+    body["files"] = [{"path": "a.pt", "size": BIG - 1, "sha256": "ab" * 32}]
+    response = api.post_events(token, {"events": [body, event("run.failed", exit_code=-(2**31))]})
+    assert response.status_code == 202, response.json()
+    checkpoint = Checkpoint.objects.get()
+    assert (checkpoint.step, checkpoint.epoch, checkpoint.total_size) == (
+        BIG - 1,
+        2**31 - 1,
+        BIG - 1,
+    )
+    assert Run.objects.get().exit_code == -(2**31)
+
+
 def test_it_rejects_nul_characters(api, token):
     response = api.post_events(token, event("run.started", name="a\x00b"))
     assert response.status_code == 400

@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     StrictInt,
     StrictStr,
+    field_validator,
 )
 
 EVENT_TYPES = (
@@ -104,7 +105,12 @@ def _event_id(value: Any) -> uuid.UUID:
 RunKey = Annotated[StrictStr, Field(min_length=1, max_length=200), AfterValidator(_run_key)]
 EventId = Annotated[uuid.UUID, BeforeValidator(_event_id)]
 ZonedTime = Annotated[datetime, BeforeValidator(_zoned_time)]
-Step = Annotated[StrictInt, Field(ge=0)]
+# The largest values the database columns hold: a larger one is refused here, with the
+# field named, instead of failing the transaction.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+Int32 = Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)]
+Step = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
 Number = Annotated[float, BeforeValidator(_number)]
 Metrics = dict[Annotated[StrictStr, Field(max_length=200)], Number]
 
@@ -122,10 +128,14 @@ class RunStarted(_Event):
     name: Annotated[StrictStr, Field(max_length=200)] = ""
     host: Annotated[StrictStr, Field(max_length=255)] = ""
     framework: Annotated[StrictStr, Field(max_length=100)] = ""
-    world_size: Annotated[StrictInt, Field(ge=1)] | None = None
+    world_size: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = None
     config: dict[str, Any] = Field(default_factory=dict)
     expected_interval_s: Annotated[Number, Field(gt=0)] | None = None
-    resumed_from: Annotated[StrictStr, Field(max_length=100)] | StrictInt | None = None
+    resumed_from: (
+        Annotated[StrictStr, Field(max_length=100)]
+        | Annotated[StrictInt, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
+        | None
+    ) = None
     tags: list[Annotated[StrictStr, Field(max_length=200)]] = Field(default_factory=list)
 
 
@@ -142,19 +152,26 @@ class CheckpointStarted(_Event):
 
 class CheckpointFileIn(BaseModel):
     path: Annotated[StrictStr, Field(max_length=1000), AfterValidator(_relative_path)]
-    size: Annotated[StrictInt, Field(ge=0)]
+    size: Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
     sha256: Annotated[StrictStr, AfterValidator(_sha256)]
 
 
 class CheckpointSaved(_Event):
     type: Literal["checkpoint.saved"]
     step: Step
-    epoch: Annotated[StrictInt, Field(ge=0)] | None = None
+    epoch: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] | None = None
     location: Annotated[StrictStr, Field(min_length=1, max_length=4096), AfterValidator(_location)]
     files: Annotated[list[CheckpointFileIn], Field(min_length=1, max_length=100_000)]
     save_seconds: Annotated[Number, Field(ge=0)] | None = None
     metrics: Metrics = Field(default_factory=dict)
     format: Annotated[StrictStr, Field(max_length=50)] = ""
+
+    @field_validator("files")
+    @classmethod
+    def _total_size_fits(cls, files: list[CheckpointFileIn]) -> list[CheckpointFileIn]:
+        if sum(f.size for f in files) > INT64_MAX:
+            raise ValueError(f"the files' sizes add up to more than {INT64_MAX} bytes")
+        return files
 
 
 class CheckpointFailed(_Event):
@@ -165,13 +182,13 @@ class CheckpointFailed(_Event):
 
 class RunFinished(_Event):
     type: Literal["run.finished"]
-    exit_code: StrictInt | None = None
+    exit_code: Int32 | None = None
     error: Annotated[StrictStr, Field(max_length=10_000)] = ""
 
 
 class RunFailed(_Event):
     type: Literal["run.failed"]
-    exit_code: StrictInt | None = None
+    exit_code: Int32 | None = None
     error: Annotated[StrictStr, Field(max_length=10_000)] = ""
 
 
