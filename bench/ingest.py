@@ -602,14 +602,16 @@ class Lifeboat(System):
             # What make run and docker-compose.yml serve: uvicorn workers under gunicorn.
             app, worker_class = "webapp.asgi:application", "uvicorn_worker.UvicornWorker"
             env = {**env, "WEB_THREADS": str(o["threads"])}
+            reuse_port = ["--reuse-port"]
         else:
             app, worker_class = "webapp.wsgi:application", o["worker_class"]
+            reuse_port = []
         cmd = [
             self.gunicorn, app,
             "--bind", f"127.0.0.1:{self.args.lifeboat_port}",
             "--worker-class", worker_class, "--workers", str(o["workers"]),
             "--threads", str(o["threads"]), "--timeout", "120", "--graceful-timeout", "10",
-            "--backlog", "2048", "--log-level", "warning", "--no-control-socket",
+            "--backlog", "2048", "--log-level", "warning", "--no-control-socket", *reuse_port,
         ]  # fmt: skip
         proc = PROCS.start(self.process, cmd, env)
         wait_http(f"{self.url}/api/v1/openapi.json", proc, self.process, 60)

@@ -375,9 +375,11 @@ def gunicorn_control_socket_off() -> list[str]:
 def start_app(env: dict[str, str], bind: str) -> None:
     workers = env.get("WEB_CONCURRENCY", "2")
     # uvicorn workers serving webapp.asgi: single events are read on each worker's event
-    # loop and share transactions; pages run in WEB_THREADS threads per worker.
+    # loop and share transactions; pages run in WEB_THREADS threads per worker. Each
+    # worker listens on its own socket (--reuse-port): the kernel spreads connections
+    # over them, where one worker would otherwise accept a burst of them all.
     web = [BIN / "gunicorn", "webapp.asgi", "-k", "uvicorn_worker.UvicornWorker"]
-    web += ["-b", bind, "-w", workers, "--access-logfile", "-"]
+    web += ["-b", bind, "-w", workers, "--reuse-port", "--access-logfile", "-"]
     start("web", [*web, *gunicorn_control_socket_off()], env)
     worker = [BIN / "celery", "-A", "workers", "worker", "-Q", QUEUES, "-l", "info"]
     start("worker", [*worker, "--concurrency", "2"], env)

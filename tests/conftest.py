@@ -434,6 +434,7 @@ class WebServer:
                 f"127.0.0.1:{self.port}",
                 "-w",
                 "2",
+                "--reuse-port",
                 *gunicorn_control_socket_off(),
             ],
             cwd=ROOT,
