@@ -572,15 +572,25 @@ def _new_checkpoint(**values) -> Checkpoint:
     checkpoint = Checkpoint.__new__(Checkpoint)
     checkpoint._state = ModelState()
     fields = checkpoint.__dict__
-    for attname, default in _checkpoint_defaults():
+    constant, made = _checkpoint_defaults()
+    fields.update(constant)
+    for attname, default in made:
         fields[attname] = default()
     fields.update(values)
     return checkpoint
 
 
 @cache
-def _checkpoint_defaults() -> tuple:
-    return tuple((f.attname, f.get_default) for f in Checkpoint._meta.concrete_fields)
+def _checkpoint_defaults() -> tuple[dict, tuple]:
+    """The defaults that are constants (None, '', 0, an enum member), computed once, and
+    the callables of those made anew for each instance (a dict, the time now)."""
+    constant, made = {}, []
+    for field in Checkpoint._meta.concrete_fields:
+        if field.has_default() and callable(field.default):
+            made.append((field.attname, field.get_default))
+        else:
+            constant[field.attname] = field.get_default()
+    return constant, tuple(made)
 
 
 def _attname(model, name: str) -> str:
