@@ -585,11 +585,11 @@ def _checkpoint_defaults() -> tuple[dict, tuple]:
     """The defaults that are constants (None, '', 0, an enum member), computed once, and
     the callables of those made anew for each instance (a dict, the time now)."""
     constant, made = {}, []
-    for field in Checkpoint._meta.concrete_fields:
-        if field.has_default() and callable(field.default):
-            made.append((field.attname, field.get_default))
+    for model_field in Checkpoint._meta.concrete_fields:
+        if model_field.has_default() and callable(model_field.default):
+            made.append((model_field.attname, model_field.get_default))
         else:
-            constant[field.attname] = field.get_default()
+            constant[model_field.attname] = model_field.get_default()
     return constant, tuple(made)
 
 
