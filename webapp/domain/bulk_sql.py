@@ -558,6 +558,25 @@ def _send(sql: str, params, returning: bool, convert=None) -> Pending:
     return Pending(cursor, returning, convert)
 
 
+def generic_plans_later() -> Pending | None:
+    """For the rest of the transaction, prepared statements run on their generic plan
+    instead of being planned again at each execution (PostgreSQL's default for a
+    statement whose first custom plans were no dearer). The ingest path's statements are
+    lookups and inserts by unique keys, whose generic plan is the custom one: planning
+    them again was about a fifth of PostgreSQL's CPU in a small transaction
+    (docs/benchmarks.md). Sent in the first pipeline; None on SQLite."""
+    if connection.vendor != "postgresql":
+        return None
+    cursor = _cursor()
+    try:
+        with connection.wrap_database_errors:
+            cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan", prepare=False)
+    except BaseException:
+        cursor.close()
+        raise
+    return Pending(cursor, False)
+
+
 def commit_later() -> Pending:
     """COMMIT, sent with the other statements of a pipeline: a transaction's last
     writes and its commit in one round trip. Only in the outermost atomic block, as its

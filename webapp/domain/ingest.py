@@ -34,6 +34,7 @@ from django.utils import timezone
 from webapp.domain.bulk_sql import (
     Pending,
     commit_later,
+    generic_plans_later,
     insert_rows_by_key_later,
     insert_rows_later,
     insert_with_children_later,
@@ -191,6 +192,7 @@ def _read_and_insert_together(project: Project, keys: list[str], events, unique,
     pay for the way round."""
     steps = sorted({events[i].step for i in unique if events[i].type in CHECKPOINT_TYPES})
     with pipeline():
+        generic_plans_later()
         locked = select_locked_later(Run, {"project_id": [project.pk], "key": keys})
         new_events = insert_rows_by_key_later(
             Event,
