@@ -189,6 +189,9 @@ INGEST_GROUP_COMMIT = env_bool("INGEST_GROUP_COMMIT", True)
 # Committer threads per web process, each with its own database connection: while one
 # waits for PostgreSQL, another applies the requests that arrived meanwhile.
 INGEST_COMMITTERS = env_int("INGEST_COMMITTERS", 2, minimum=1)
+# Small groups of heartbeats and checkpoint events are applied by one PostgreSQL
+# function call (webapp/domain/ingest_in_sql.py); off: always the Python way.
+INGEST_IN_SQL = env_bool("INGEST_IN_SQL", True)
 # Validation messages of a web process go out together, at most one per this many ms
 # under load and at once when idle (webapp/domain/validation_outbox.py); 0: one message
 # per transaction, published by the request itself.

@@ -31,6 +31,7 @@ from django.db import connection, transaction
 from django.db.models.base import ModelState
 from django.utils import timezone
 
+from webapp.domain import ingest_in_sql
 from webapp.domain.bulk_sql import (
     Pending,
     commit_later,
@@ -107,14 +108,23 @@ def ingest(
 
     keys = sorted({events[i].run for i in unique})
     together = connection.vendor == "postgresql"
-    try:
-        inserted, enqueued = _store(project, keys, events, unique, actors, raw, safe, together)
-    except _NewRuns:
-        # A run the events name did not exist: its events may have been inserted before
-        # its row was locked, and waiting for that lock while holding them can deadlock
-        # with a request that holds the lock and sends the same events. All of it was
-        # rolled back; now the runs are created and locked before anything else.
-        inserted, enqueued = _store(project, keys, events, unique, actors, raw, safe, False)
+    stored = None
+    if ingest_in_sql.takes(events, unique, finite):
+        try:
+            stored = ingest_in_sql.store(project, events, unique, actors, raw)
+        except ingest_in_sql.Declined as declined:
+            # Nothing was kept. A new run: straight to the way that creates runs first.
+            together = together and not declined.new_runs
+    if stored is None:
+        try:
+            stored = _store(project, keys, events, unique, actors, raw, safe, together)
+        except _NewRuns:
+            # A run the events name did not exist: its events may have been inserted
+            # before its row was locked, and waiting for that lock while holding them
+            # can deadlock with a request that holds the lock and sends the same events.
+            # All of it was rolled back; now the runs are created and locked first.
+            stored = _store(project, keys, events, unique, actors, raw, safe, False)
+    inserted, enqueued = stored
     result = IngestResult(enqueued=enqueued)
     for i, event in enumerate(events):
         is_new = event.id in inserted and firsts[event.id] == i

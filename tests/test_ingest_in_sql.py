@@ -1,0 +1,227 @@
+"""The PostgreSQL function (webapp/domain/ingest_in_sql.py) applies events exactly as
+webapp/domain/ingest.py does.
+
+Each scenario is sent twice, request by request: once into a project with the function
+on and once into another with it off. Every row the two wrote (runs, checkpoints, their
+files, events) and every answer must be the same, and the function must have taken the
+requests it is meant to take: a test that passed because everything fell back to the
+Python way would prove nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from tests.conftest import event, saved
+from webapp.api.events import parse_events
+from webapp.domain import ingest_in_sql
+from webapp.domain.ingest import ingest
+from webapp.domain.models import Checkpoint, CheckpointFile, Event, Project, Run
+
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.skipif(
+        connection.vendor != "postgresql", reason="the function exists in PostgreSQL only"
+    ),
+]
+
+OTHER_FILES = [{"path": "model.pt", "size": 7, "sha256": "ef" * 32}]
+
+
+def started(run="run-1", t=0):
+    return event("run.started", run=run, t=t, name="n", host="gpu-1")
+
+
+def beat(step, t, run="run-1", **fields):
+    return event("run.heartbeat", run=run, t=t, step=step, **fields)
+
+
+def ckpt(type_, step, t, run="run-1", **fields):
+    return event(type_, run=run, t=t, step=step, **fields)
+
+
+# name: (requests, how many of them the function should apply)
+SCENARIOS = {
+    "heartbeats in order and late": (
+        [
+            [started()],
+            [beat(10, 10, metrics={"loss": 0.5})],
+            [beat(5, 5, metrics={"loss": 0.9})],  # late: changes nothing but last_seen
+            [beat(None, 20)],  # no step, no metrics: keeps both
+            [beat(30, 30, metrics={})],
+        ],
+        4,
+    ),
+    "a save announced, then saved, in separate requests": (
+        [[started()], [ckpt("checkpoint.started", 100, 10)], [saved(step=100, t=20)]],
+        2,
+    ),
+    "announced and saved in one request, listed newest first": (
+        [[started()], [saved(step=100, t=20), ckpt("checkpoint.started", 100, 10)]],
+        1,
+    ),
+    "failures: before anything, after the start, after the save": (
+        [
+            [started()],
+            [ckpt("checkpoint.failed", 50, 5, error="disk full")],
+            [ckpt("checkpoint.started", 60, 6)],
+            [ckpt("checkpoint.failed", 60, 7, error="oom")],
+            [saved(step=70, t=8)],
+            [ckpt("checkpoint.failed", 70, 9, error="late failure")],
+            [ckpt("checkpoint.failed", 70, 10, error="late failure")],
+            [saved(step=50, t=11)],  # the failed step saved after all
+        ],
+        7,
+    ),
+    "steps out of order, and a heartbeat after a save in one request": (
+        [
+            [started()],
+            [saved(step=200, t=20)],
+            [saved(step=100, t=10)],  # a lower step arriving late
+            [saved(step=300, t=30), beat(250, 31)],  # the heartbeat is newer: step 250
+            [beat(400, 40), saved(step=350, t=35)],
+        ],
+        4,
+    ),
+    "two runs in one request": (
+        [
+            [started("a"), started("b")],
+            [saved("a", step=1, t=5), saved("b", step=2, t=6), beat(3, 7, run="a")],
+        ],
+        1,
+    ),
+    "repeats: a later request, and twice in one request": (
+        [
+            [started()],
+            [saved(step=100, t=10)],
+        ],
+        1,
+    ),
+    "a step saved again: left to the Python way": (
+        [
+            [started()],
+            [saved(step=100, t=10)],
+            [saved(step=100, t=20)],  # the same files again
+            [saved(step=100, t=30, files=OTHER_FILES)],  # other bytes
+            [saved(step=100, t=25)],  # an older report of it
+        ],
+        1,
+    ),
+    "a run not created yet, and events the function does not take": (
+        [
+            [saved("new", step=5, t=5)],
+            [beat(6, 6, run="new")],
+            [event("run.finished", run="new", t=9, exit_code=0), beat(7, 8, run="new")],
+            [event("metrics", run="new", t=10, points=[{"step": 1, "values": {"loss": 1}}])],
+        ],
+        1,
+    ),
+}
+
+
+def _with_repeats(requests):
+    """The repeats scenario: its last request again, then one holding an event twice."""
+    last = requests[-1]
+    fresh = saved(step=500, t=50)
+    return [*requests, list(last), [fresh, dict(fresh), beat(1, 1)]]
+
+
+def _send(project, requests, settings, in_sql: bool, taken: list) -> list:
+    """(statuses, whether the function applied it, every row after it) per request: a
+    later request can hide what an earlier one got wrong."""
+    settings.INGEST_IN_SQL = in_sql
+    answers = []
+    for raw in requests:
+        events = parse_events(raw)
+        before = taken[0]
+        result = ingest(project, "tester", events, raw, finite=True)
+        answers.append((result.statuses, taken[0] > before, _state(project)))
+    return answers
+
+
+def _state(project) -> dict:
+    runs = {}
+    for run in Run.objects.filter(project=project).order_by("key"):
+        values = {
+            f.attname: getattr(run, f.attname)
+            for f in Run._meta.concrete_fields
+            if f.attname not in ("id", "project_id", "created_at")
+        }
+        runs[run.key] = values
+    checkpoints = {}
+    for c in Checkpoint.objects.filter(project=project).select_related("run"):
+        values = {
+            f.attname: getattr(c, f.attname)
+            for f in Checkpoint._meta.concrete_fields
+            if f.attname
+            not in (
+                "id",
+                "project_id",
+                "run_id",
+                "created_at",
+                "updated_at",
+                "validation_enqueued_at",
+            )
+        }
+        values["queued"] = c.validation_enqueued_at is not None
+        values["files"] = sorted(
+            CheckpointFile.objects.filter(checkpoint=c).values_list("path", "size", "sha256")
+        )
+        checkpoints[(c.run.key, c.step)] = values
+    events = sorted(
+        (e.event_id, e.run.key if e.run else None, e.type, e.step, e.time, e.actor, e.data)
+        for e in Event.objects.filter(project=project).select_related("run")
+    )
+    return {"runs": runs, "checkpoints": checkpoints, "events": events}
+
+
+@pytest.fixture
+def taken(monkeypatch) -> list:
+    """How many groups the function applied (it is counted, not replaced)."""
+    count = [0]
+    real = ingest_in_sql.store
+
+    def counting(*args, **kwargs):
+        answer = real(*args, **kwargs)
+        count[0] += 1
+        return answer
+
+    monkeypatch.setattr(ingest_in_sql, "store", counting)
+    return count
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_the_function_writes_what_the_python_way_writes(name, settings, taken):
+    requests, expected_in_sql = SCENARIOS[name]
+    if name.startswith("repeats"):
+        requests = _with_repeats(requests)
+        expected_in_sql += 2
+    in_sql = Project.objects.create(name="In SQL", slug="in-sql", allowed_roots=["/data"])
+    python = Project.objects.create(name="Python", slug="python", allowed_roots=["/data"])
+
+    answers_sql = _send(in_sql, requests, settings, True, taken)
+    answers_python = _send(python, requests, settings, False, taken)
+
+    assert sum(used for _, used, _ in answers_sql) == expected_in_sql
+    assert not any(used for _, used, _ in answers_python)
+    for i, (sql, python) in enumerate(zip(answers_sql, answers_python, strict=True)):
+        assert sql[0] == python[0], f"answers to request {i}"
+        assert sql[2] == python[2], f"rows after request {i}"
+
+
+def test_a_declined_group_keeps_nothing_of_its_own(settings, project):
+    """A step saved before is refused by the function after it inserted the group's other
+    events; the Python way then applies the whole group once."""
+    settings.INGEST_IN_SQL = True
+    raw = [started()]
+    ingest(project, "t", parse_events(raw), raw, finite=True)
+    first = [saved(step=100, t=10)]
+    ingest(project, "t", parse_events(first), first, finite=True)
+    group = [beat(150, 15), saved(step=100, t=20, files=OTHER_FILES)]
+    result = ingest(project, "t", parse_events(group), group, finite=True)
+    assert result.statuses == ["created", "created"]
+    assert Event.objects.filter(project=project).count() == 4
+    checkpoint = Checkpoint.objects.get(step=100)
+    assert list(checkpoint.files.values_list("sha256", flat=True)) == ["ef" * 32]
+    assert Run.objects.get().last_step == 150
