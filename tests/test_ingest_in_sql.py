@@ -225,3 +225,61 @@ def test_a_declined_group_keeps_nothing_of_its_own(settings, project):
     checkpoint = Checkpoint.objects.get(step=100)
     assert list(checkpoint.files.values_list("sha256", flat=True)) == ["ef" * 32]
     assert Run.objects.get().last_step == 150
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_copies_through_the_function_are_applied_once(project, settings, taken):
+    """Eight connections send the same events at the same moment, each in its own order
+    and grouped differently; the runs exist, so the function takes them. Every event is
+    created once, every checkpoint has its files once, nothing deadlocks."""
+    import random
+    import threading
+
+    from django.db import connection as this_connection
+
+    settings.INGEST_IN_SQL = True
+    setup = [started("a"), started("b")]
+    ingest(project, "t", parse_events(setup), setup, finite=True)
+    events = []
+    for step in range(1, 7):
+        run = "ab"[step % 2]
+        events += [
+            ckpt("checkpoint.started", step, step, run=run),
+            saved(run, step=step, t=step + 0.5),
+            beat(step, step + 0.7, run=run),
+        ]
+    events.append(ckpt("checkpoint.failed", 99, 50, run="a", error="x"))
+    clients = 8
+    barrier = threading.Barrier(clients)
+    answers: list[tuple[str, str]] = []
+    errors: list[BaseException] = []
+
+    def send(seed: int):
+        try:
+            mine = list(events)
+            random.Random(seed).shuffle(mine)
+            size = 1 + seed % 3
+            barrier.wait()
+            for start in range(0, len(mine), size):
+                group = mine[start : start + size]
+                result = ingest(project, "t", parse_events(group), group, finite=True)
+                answers.extend(zip((e["id"] for e in group), result.statuses, strict=True))
+        except BaseException as exc:  # reported to the main thread
+            errors.append(exc)
+        finally:
+            this_connection.close()
+
+    threads = [threading.Thread(target=send, args=(seed,)) for seed in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert not errors, errors
+    created = sorted(event_id for event_id, status in answers if status == "created")
+    assert created == sorted(e["id"] for e in events)
+    assert Event.objects.filter(project=project).count() == len(events) + 2
+    assert Checkpoint.objects.filter(project=project).count() == 7
+    assert CheckpointFile.objects.count() == 12
+    assert Run.objects.get(key="b").last_step == 5  # its newest heartbeat and checkpoint
+    assert taken[0] > 0
