@@ -72,24 +72,22 @@ BEGIN
     SELECT id, status, saved_at, error INTO c FROM domain_checkpoint
     WHERE run_id = e.run_id AND step = e.step FOR UPDATE;
 
+    IF NOT FOUND AND e.type <> 'checkpoint.saved' THEN
+      -- Announced (or failed) before any save: a checkpoint being saved, as the Python
+      -- way makes it before applying the event.
+      INSERT INTO domain_checkpoint (project_id, run_id, step, epoch, saved_at, location, format,
+        total_size, file_count, save_seconds, metrics, content, status, status_message, error,
+        pinned, validation_enqueued_at, verified_at, deleted_at, created_at, updated_at)
+      VALUES (p_project, e.run_id, e.step, NULL, NULL, '', '', 0, 0, NULL, '{}', '{}',
+        'saving', '', '', false, NULL, NULL, NULL, p_now, p_now)
+      RETURNING id, status, saved_at, error INTO c;
+    END IF;
+
     IF e.type = 'checkpoint.started' THEN
-      IF NOT FOUND THEN
-        INSERT INTO domain_checkpoint (project_id, run_id, step, epoch, saved_at, location, format,
-          total_size, file_count, save_seconds, metrics, content, status, status_message, error,
-          pinned, validation_enqueued_at, verified_at, deleted_at, created_at, updated_at)
-        VALUES (p_project, e.run_id, e.step, NULL, NULL, '', '', 0, 0, NULL, '{}', '{}',
-          'saving', '', '', false, NULL, NULL, NULL, p_now, p_now);
-      END IF;
+      NULL;  -- nothing more than the row
 
     ELSIF e.type = 'checkpoint.failed' THEN
-      IF NOT FOUND THEN
-        INSERT INTO domain_checkpoint (project_id, run_id, step, epoch, saved_at, location, format,
-          total_size, file_count, save_seconds, metrics, content, status, status_message, error,
-          pinned, validation_enqueued_at, verified_at, deleted_at, created_at, updated_at)
-        VALUES (p_project, e.run_id, e.step, NULL, NULL, '', '', 0, 0, NULL, '{}', '{}',
-          'failed', 'The job reported that this save failed.', e.x->>'error', false, NULL, NULL,
-          NULL, p_now, p_now);
-      ELSIF c.status = 'saving' THEN
+      IF c.status = 'saving' THEN
         UPDATE domain_checkpoint SET status = 'failed',
           status_message = 'The job reported that this save failed.', error = e.x->>'error',
           updated_at = p_now
