@@ -283,3 +283,17 @@ def test_concurrent_copies_through_the_function_are_applied_once(project, settin
     assert CheckpointFile.objects.count() == 12
     assert Run.objects.get(key="b").last_step == 5  # its newest heartbeat and checkpoint
     assert taken[0] > 0
+
+
+def test_without_the_function_the_python_way_applies_the_events(settings, project, taken):
+    """Code newer than the database (migration 0005 not run yet): nothing fails."""
+    settings.INGEST_IN_SQL = True
+    raw = [started()]
+    ingest(project, "t", parse_events(raw), raw, finite=True)
+    with connection.cursor() as cursor:  # rolled back with the test's transaction
+        cursor.execute("DROP FUNCTION lifeboat_ingest_v1(bigint, timestamptz, jsonb)")
+    group = [saved(step=100, t=10), beat(100, 11)]
+    result = ingest(project, "t", parse_events(group), group, finite=True)
+    assert result.statuses == ["created", "created"]
+    assert Checkpoint.objects.get().files.count() == 2
+    assert taken[0] == 0
