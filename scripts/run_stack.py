@@ -6,7 +6,8 @@ stops them in reverse start order. A service named in the environment is used in
 of starting one: REDIS_URL (when it answers), S3_ENDPOINT_URL, DATABASE_URL.
 
 The first start creates a superuser `admin` and a project `demo` with an API token and
-keeps both secrets in var/credentials.txt; every start prints them, with a curl command
+keeps both secrets in var/credentials.txt (a database that does not know the saved token,
+after a change of DATABASE_URL, gets its own); every start prints them, with a curl command
 that reports a checkpoint.
 """
 
@@ -72,6 +73,13 @@ if project is not None and not LaunchProfile.objects.filter(project=project).exi
         "--resume-from {{checkpoint_path}} --epochs 10",
         options={"workdir": os.environ["LB_ROOT"]},
     )
+"""
+FIND_DEMO_ACCESS = """
+import os
+from webapp.domain.models import ApiToken
+digest = ApiToken.digest_of(os.environ["LB_TOKEN"])
+known = ApiToken.objects.filter(digest=digest, revoked_at__isnull=True).exists()
+print("valid" if known else "unknown")
 """
 # A user admin made before credentials.txt (e.g. in a shared DATABASE_URL) keeps its password.
 ADMIN_EXISTED = "(unknown: user admin existed; set it with manage.py changepassword admin)"
@@ -317,6 +325,15 @@ def prepare_database(env: dict[str, str]) -> dict[str, str]:
     manage(env, "migrate", "--noinput")
     manage(env, "collectstatic", "--noinput")
     creds = read_credentials()
+    check = env | {"LB_TOKEN": creds.get("token", "")}
+    if "token" in creds and manage(check, "shell", "-c", FIND_DEMO_ACCESS).split()[-1] != "valid":
+        # The secrets were made in another database (DATABASE_URL changed, say from the
+        # default SQLite to a PostgreSQL, or the database was reset): they would not sign
+        # in here. Their file is kept; this database gets a first start of its own.
+        kept = CREDENTIALS.with_name(f"credentials-{datetime.now(UTC):%Y%m%d-%H%M%S}.txt")
+        os.replace(CREDENTIALS, kept)
+        say("lifeboat", f"the saved token is unknown to this database; old secrets kept in {kept}")
+        creds = {}
     # Each secret is saved as soon as it exists, so an interrupted first start resumes.
     if "admin_password" not in creds:
         password = secrets.token_urlsafe(12)
