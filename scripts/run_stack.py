@@ -77,9 +77,13 @@ if project is not None and not LaunchProfile.objects.filter(project=project).exi
 FIND_DEMO_ACCESS = """
 import os
 from webapp.domain.models import ApiToken
-digest = ApiToken.digest_of(os.environ["LB_TOKEN"])
-known = ApiToken.objects.filter(digest=digest, revoked_at__isnull=True).exists()
-print("valid" if known else "unknown")
+known = [
+    token for token in os.environ["LB_TOKENS"].split()
+    if ApiToken.objects.filter(
+        digest=ApiToken.digest_of(token), revoked_at__isnull=True
+    ).exists()
+]
+print(known[0] if known else "none")
 """
 # A user admin made before credentials.txt (e.g. in a shared DATABASE_URL) keeps its password.
 ADMIN_EXISTED = "(unknown: user admin existed; set it with manage.py changepassword admin)"
@@ -300,10 +304,10 @@ def start_s3(env: dict[str, str]):
     return bucket_answers
 
 
-def read_credentials() -> dict[str, str]:
-    if not CREDENTIALS.exists():
+def read_credentials(path: Path = CREDENTIALS) -> dict[str, str]:
+    if not path.exists():
         return {}
-    lines = CREDENTIALS.read_text().splitlines()
+    lines = path.read_text().splitlines()
     pairs = (line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
     return {key: value for key, value in pairs}
 
@@ -319,21 +323,43 @@ def write_credentials(creds: dict[str, str]) -> None:
     os.replace(tmp, CREDENTIALS)  # whole or not at all, even on a Ctrl-C
 
 
+def credentials_of_this_database(env: dict[str, str], creds: dict[str, str]) -> dict[str, str]:
+    """The saved secrets, if this database knows their token. After a change of
+    DATABASE_URL (say from the default SQLite to a PostgreSQL, and back) each database
+    keeps its own: the file of the other one is set aside as credentials-<time>.txt, and
+    the one of this database, if set aside earlier, comes back. {} when none fits: a
+    first start for this database."""
+    kept = sorted(CREDENTIALS.parent.glob("credentials-*.txt"), reverse=True)
+    candidates = {creds["token"]: CREDENTIALS}
+    for path in kept:
+        token = read_credentials(path).get("token")
+        if token:
+            candidates.setdefault(token, path)
+    env = env | {"LB_TOKENS": " ".join(candidates)}
+    found = manage(env, "shell", "-c", FIND_DEMO_ACCESS).split()[-1]
+    if candidates.get(found) == CREDENTIALS:
+        return creds
+    aside = CREDENTIALS.with_name(f"credentials-{datetime.now(UTC):%Y%m%d-%H%M%S}.txt")
+    os.replace(CREDENTIALS, aside)
+    if found in candidates:
+        os.replace(candidates[found], CREDENTIALS)
+        say(
+            "lifeboat",
+            f"DATABASE_URL changed: using this database's secrets, the others in {aside}",
+        )
+        return read_credentials()
+    say("lifeboat", f"DATABASE_URL changed: a first start for it; the old secrets are in {aside}")
+    return {}
+
+
 def prepare_database(env: dict[str, str]) -> dict[str, str]:
     """Migrate, collect static files, and on the first start create the admin and demo."""
     say("lifeboat", "migrating the database")
     manage(env, "migrate", "--noinput")
     manage(env, "collectstatic", "--noinput")
     creds = read_credentials()
-    check = env | {"LB_TOKEN": creds.get("token", "")}
-    if "token" in creds and manage(check, "shell", "-c", FIND_DEMO_ACCESS).split()[-1] != "valid":
-        # The secrets were made in another database (DATABASE_URL changed, say from the
-        # default SQLite to a PostgreSQL, or the database was reset): they would not sign
-        # in here. Their file is kept; this database gets a first start of its own.
-        kept = CREDENTIALS.with_name(f"credentials-{datetime.now(UTC):%Y%m%d-%H%M%S}.txt")
-        os.replace(CREDENTIALS, kept)
-        say("lifeboat", f"the saved token is unknown to this database; old secrets kept in {kept}")
-        creds = {}
+    if "token" in creds:
+        creds = credentials_of_this_database(env, creds)
     # Each secret is saved as soon as it exists, so an interrupted first start resumes.
     if "admin_password" not in creds:
         password = secrets.token_urlsafe(12)
