@@ -77,7 +77,7 @@ def main() -> None:
     from webapp.domain.models import Project, Run
 
     # Only the transaction is measured: the validations it would queue are not published
-    # (ingest_in_sql imports the function from the outbox module at each call).
+    # (ingest_in_sql looks the function up in the outbox module at each call).
     outbox.publish_after_commit = ingest_module.publish_after_commit = lambda ids: None
 
     try:

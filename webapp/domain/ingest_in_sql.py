@@ -21,12 +21,15 @@ compares every row written.
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
+from functools import partial
 
 import orjson
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from webapp.domain import validation_outbox
 from webapp.domain.event_schema import json_safe
 
 TYPES = frozenset({"run.heartbeat", "checkpoint.started", "checkpoint.failed", "checkpoint.saved"})
@@ -64,16 +67,13 @@ def store(project, events, unique: list[int], actors, raw) -> tuple[set[uuid.UUI
     Raises Declined, with nothing kept, when the function leaves them to ingest.py."""
     payload = orjson.dumps([_event(events[i], raw[i], actors[i]) for i in unique]).decode()
     params = [project.pk, timezone.now(), payload]
+    # In a caller's transaction, a savepoint, so that a declined call leaves it usable;
+    # else the statement is a transaction of its own: a single round trip.
+    scope = transaction.atomic() if connection.in_atomic_block else nullcontext()
     try:
-        if connection.in_atomic_block:
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute("SELECT lifeboat_ingest_v1(%s, %s, %s::jsonb)", params)
-                (answer,) = cursor.fetchone()
-        else:
-            # One statement is one transaction: a single round trip.
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT lifeboat_ingest_v1(%s, %s, %s::jsonb)", params)
-                (answer,) = cursor.fetchone()
+        with scope, connection.cursor() as cursor:
+            cursor.execute("SELECT lifeboat_ingest_v1(%s, %s, %s::jsonb)", params)
+            (answer,) = cursor.fetchone()
     except DatabaseError as exc:
         state = getattr(exc.__cause__, "sqlstate", None)
         if state in (NEW_RUNS, ELSEWHERE, UNDEFINED_FUNCTION):
@@ -83,12 +83,8 @@ def store(project, events, unique: list[int], actors, raw) -> tuple[set[uuid.UUI
         answer = orjson.loads(answer)
     to_validate = sorted(answer["validate"])
     if to_validate:
-        from functools import partial
-
-        from webapp.domain.validation_outbox import publish_after_commit
-
         # Now when this was its own transaction, else when the caller's commits.
-        transaction.on_commit(partial(publish_after_commit, to_validate))
+        transaction.on_commit(partial(validation_outbox.publish_after_commit, to_validate))
     return {uuid.UUID(value) for value in answer["new"]}, to_validate
 
 
