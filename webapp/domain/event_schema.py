@@ -35,6 +35,8 @@ EVENT_TYPES = (
     "metrics",
 )
 CHECKPOINT_TYPES = ("checkpoint.started", "checkpoint.saved", "checkpoint.failed")
+# The fields every event has; the rest is its own data (the event row's `data`).
+ENVELOPE = ("id", "type", "run", "time")
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")

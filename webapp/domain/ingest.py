@@ -45,7 +45,7 @@ from webapp.domain.bulk_sql import (
     select_locked_later,
     update_rows_later,
 )
-from webapp.domain.event_schema import CHECKPOINT_TYPES, json_safe
+from webapp.domain.event_schema import CHECKPOINT_TYPES, ENVELOPE, json_safe
 from webapp.domain.models import (
     Checkpoint,
     CheckpointFile,
@@ -60,7 +60,6 @@ from webapp.domain.validation_outbox import publish_after_commit
 
 log = logging.getLogger(__name__)
 
-_ENVELOPE = ("id", "type", "run", "time")
 _EVENT_COLUMNS = (
     "project_id",
     "run_id",
@@ -243,7 +242,7 @@ def _lock_checkpoints(runs: dict[str, Run], events, indexes) -> list[Checkpoint]
 
 def _event_row(project: Project, run, actor: str, event, raw: dict, now, safe) -> tuple:
     # run: the run's id, or its key (_read_and_insert_together)
-    data = {k: v for k, v in raw.items() if k not in _ENVELOPE}
+    data = {k: v for k, v in raw.items() if k not in ENVELOPE}
     step = getattr(event, "step", None)
     return (
         project.pk,

@@ -30,7 +30,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from webapp.domain import validation_outbox
-from webapp.domain.event_schema import json_safe
+from webapp.domain.event_schema import ENVELOPE, json_safe
 
 TYPES = frozenset({"run.heartbeat", "checkpoint.started", "checkpoint.failed", "checkpoint.saved"})
 # Larger groups are batches, which the general way writes with set-based statements;
@@ -41,7 +41,6 @@ ELSEWHERE = "LBF02"  # an event the function leaves to ingest.py
 # The function is not there: code newer than the database (migration 0005 not run yet,
 # as during a rolling upgrade). The Python way still works.
 UNDEFINED_FUNCTION = "42883"
-_ENVELOPE = ("id", "type", "run", "time")
 
 
 class Declined(Exception):
@@ -96,7 +95,7 @@ def _event(event, raw: dict, actor: str) -> dict:
         "time": event.time,
         "step": getattr(event, "step", None),
         "actor": actor,
-        "data": {k: v for k, v in raw.items() if k not in _ENVELOPE},
+        "data": {k: v for k, v in raw.items() if k not in ENVELOPE},
     }
     if event.type == "checkpoint.saved":
         files = sorted((f.path, f.size, f.sha256) for f in event.files)
