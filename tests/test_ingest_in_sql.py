@@ -10,6 +10,8 @@ Python way would prove nothing.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.db import connection
 
@@ -297,3 +299,34 @@ def test_without_the_function_the_python_way_applies_the_events(settings, projec
     assert result.statuses == ["created", "created"]
     assert Checkpoint.objects.get().files.count() == 2
     assert taken[0] == 0
+
+
+def _index_scans(plan: dict) -> list[dict]:
+    found = [plan] if "Index Name" in plan else []
+    for child in plan.get("Plans", []):
+        found += _index_scans(child)
+    return found
+
+
+def test_a_step_is_looked_up_by_run_and_step_whatever_the_estimates():
+    """The lookup of "this run's checkpoint at this step", planned as the function and
+    the ingest transaction plan it (a generic plan, made once per connection) while the
+    table is empty and never analyzed, as on a new install: both columns must bound the
+    index scan. With an index on run alone beside the unique one (before migration
+    0006), PostgreSQL took that one and read every checkpoint of the run per event."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        cursor.execute(
+            "PREPARE lookup(bigint, bigint) AS SELECT id FROM domain_checkpoint"
+            " WHERE run_id = $1 AND step = $2 FOR UPDATE"
+        )
+        try:
+            cursor.execute("EXPLAIN (FORMAT JSON) EXECUTE lookup(1, 2)")
+            (plan,) = cursor.fetchone()
+        finally:
+            cursor.execute("DEALLOCATE lookup")
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    (scan,) = _index_scans(plan[0]["Plan"])
+    assert scan["Index Name"] == "checkpoint_run_step_unique"
+    assert "step" in scan["Index Cond"] and "Filter" not in scan

@@ -114,10 +114,6 @@ else:
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # The covering index checkpoint_run_size (INCLUDE columns) is for PostgreSQL's
-    # project page; SQLite builds it without them, which is fine for a single machine.
-    SILENCED_SYSTEM_CHECKS = ["models.W040"]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

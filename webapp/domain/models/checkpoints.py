@@ -61,16 +61,21 @@ class Checkpoint(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["run", "step"], name="checkpoint_run_step_unique")
+            models.UniqueConstraint(
+                fields=["run", "step"],
+                # The project page's storage per run, sorted: an index-only sum on
+                # PostgreSQL (bench/pages.py: p50 294 -> 125 ms at 10,000 runs, 1,000,000
+                # checkpoints). In this index rather than one of its own on run: with that
+                # one, a plan made while the table was small or never analyzed looked a
+                # step up through it, reading every checkpoint of the run, once per event
+                # (migration 0006 says more).
+                include=["total_size", "status"],
+                name="checkpoint_run_step_unique",
+            )
         ]
         indexes = [
             # A run's timeline and "latest verified" (GET /runs/<key>/latest).
             models.Index(fields=["run", "status", "-step"], name="checkpoint_run_status_step"),
-            # The project page's storage per run, sorted: an index-only sum on PostgreSQL
-            # (bench/pages.py: p50 294 -> 125 ms at 10,000 runs, 1,000,000 checkpoints).
-            models.Index(
-                fields=["run"], include=["total_size", "status"], name="checkpoint_run_size"
-            ),
             # Checkpoints still waiting for validation: only a few rows at any time, so a
             # partial index keeps workers.sweeper.requeue_unvalidated cheap.
             models.Index(
