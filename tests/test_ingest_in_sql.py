@@ -86,6 +86,18 @@ SCENARIOS = {
         ],
         4,
     ),
+    "saves only, several per request (applied together): runs, order, a step known": (
+        [
+            [started("a"), started("b")],
+            [saved("a", step=30, t=3), saved("b", step=10, t=9), saved("a", step=20, t=4)],
+            [saved("b", step=5, t=1), saved("a", step=40, t=2)],  # older than the run's news
+            [ckpt("checkpoint.started", 50, 10, run="a")],
+            [saved("a", step=50, t=11), saved("b", step=60, t=12)],  # 50 has a row: the loop
+            # One step saved twice in a request: the loop, which declines the second.
+            [saved("a", step=70, t=13), saved("a", step=70, t=14)],
+        ],
+        4,
+    ),
     "two runs in one request": (
         [
             [started("a"), started("b")],

@@ -6,9 +6,10 @@ adapting parameters, reading rows into models, folding them). The web process's
 committer (webapp/domain/group_commit.py) runs one such transaction for every few
 requests, and under load from single-event clients that Python is what the process
 spends its time on. Here the events go to the server as one JSON parameter and the
-function lifeboat_ingest_v1 (migration 0005) applies them with the same rules, in one
-round trip and, outside a caller's transaction, as its own transaction (no BEGIN, no
-COMMIT). docs/benchmarks.md has the figures.
+function lifeboat_ingest_v1 (migration 0005; 0007 adds a set-based way for groups of
+new saves only) applies them with the same rules, in one round trip and, outside a
+caller's transaction, as its own transaction (no BEGIN, no COMMIT). docs/benchmarks.md
+has the figures.
 
 It takes what a training job sends all the time: run.heartbeat, checkpoint.started,
 checkpoint.failed, and checkpoint.saved of a step not saved before. Everything else
