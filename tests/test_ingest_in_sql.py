@@ -342,3 +342,32 @@ def test_a_step_is_looked_up_by_run_and_step_whatever_the_estimates():
     (scan,) = _index_scans(plan[0]["Plan"])
     assert scan["Index Name"] == "checkpoint_run_step_unique"
     assert "step" in scan["Index Cond"] and "Filter" not in scan
+
+
+def test_saves_of_new_steps_are_inserted_together(project, settings, taken):
+    """The set-based block of migration 0007 takes a group of new saves: one INSERT of
+    checkpoints for the whole group, where the loop makes one per event. Counted with
+    auto_explain, which reports each statement the function runs."""
+    settings.INGEST_IN_SQL = True
+    setup = [started("a"), started("b")]
+    ingest(project, "t", parse_events(setup), setup, finite=True)
+    statements: list[str] = []
+    raw_connection = connection.connection
+    raw_connection.add_notice_handler(lambda d: statements.append(d.message_primary or ""))
+    with connection.cursor() as cursor:
+        cursor.execute("LOAD 'auto_explain'")
+        for name, value in [
+            ("log_min_duration", "0"),
+            ("log_nested_statements", "on"),
+            ("log_level", "notice"),
+        ]:
+            cursor.execute(f"SET LOCAL auto_explain.{name} = {value}")
+    group = [saved("a", step=s, t=s) for s in (1, 2)] + [saved("b", step=3, t=3)]
+    result = ingest(project, "t", parse_events(group), group, finite=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL auto_explain.log_min_duration = -1")
+
+    assert result.statuses == ["created"] * 3 and taken[0] == 1
+    inserts = [s for s in statements if "INSERT INTO domain_checkpoint (" in s]
+    assert len(inserts) == 1, statements
+    assert Checkpoint.objects.filter(project=project).count() == 3
