@@ -188,6 +188,10 @@ INGEST_COMMITTERS = env_int("INGEST_COMMITTERS", 2, minimum=1)
 # Small groups of heartbeats and checkpoint events are applied by one PostgreSQL
 # function call (webapp/domain/ingest_in_sql.py); off: always the Python way.
 INGEST_IN_SQL = env_bool("INGEST_IN_SQL", True)
+# Single events on PostgreSQL are applied from the web process's event loop, by that
+# function on a connection of the loop (webapp/domain/loop_commit.py); off: through the
+# committer threads.
+INGEST_ON_LOOP = env_bool("INGEST_ON_LOOP", True)
 # Validation messages of a web process go out together, at most one per this many ms
 # under load and at once when idle (webapp/domain/validation_outbox.py); 0: one message
 # per transaction, published by the request itself.

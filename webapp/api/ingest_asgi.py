@@ -41,7 +41,9 @@ from webapp.api.ingest_wsgi import (
     error_body,
     response_headers,
 )
+from webapp.domain import loop_commit
 from webapp.domain.group_commit import committer, grouped, stop_committer
+from webapp.domain.loop_commit import close_loop_committer, loop_committer
 from webapp.domain.models import ApiToken
 from webapp.domain.validation_outbox import flush_outbox
 from webapp.ops.latency import record
@@ -93,6 +95,7 @@ class IngestASGI:
                 # WSGI; a uvicorn worker can end by the signal's default action, skipping
                 # it.)
                 loop = asyncio.get_running_loop()
+                await close_loop_committer()
                 await loop.run_in_executor(self.pool, stop_committer)
                 await loop.run_in_executor(self.pool, flush_outbox)
                 await send({"type": "lifespan.shutdown.complete"})
@@ -144,9 +147,15 @@ class IngestASGI:
             )
             return 202, body
         events = parse_events(raw_events)
-        result = await committer().submit_async(
-            token.project, token.actor, events, raw_events, finite
-        )
+        result = None
+        if loop_commit.enabled():
+            result = await loop_committer().submit(
+                token.project, token.actor, events, raw_events, finite
+            )
+        if result is None:  # not taken there: nothing of it was kept
+            result = await committer().submit_async(
+                token.project, token.actor, events, raw_events, finite
+            )
         return 202, answer(events, result)
 
 

@@ -65,7 +65,7 @@ def takes(events, unique: list[int], finite: bool) -> bool:
 def store(project, events, unique: list[int], actors, raw) -> tuple[set[uuid.UUID], list[int]]:
     """Apply the events; (the ids of those that were new, the checkpoints to validate).
     Raises Declined, with nothing kept, when the function leaves them to ingest.py."""
-    payload = orjson.dumps([_event(events[i], raw[i], actors[i]) for i in unique]).decode()
+    payload = orjson.dumps([event_json(events[i], raw[i], actors[i]) for i in unique]).decode()
     params = [project.pk, timezone.now(), payload]
     # In a caller's transaction, a savepoint, so that a declined call leaves it usable;
     # else the statement is a transaction of its own: a single round trip.
@@ -88,7 +88,8 @@ def store(project, events, unique: list[int], actors, raw) -> tuple[set[uuid.UUI
     return {uuid.UUID(value) for value in answer["new"]}, to_validate
 
 
-def _event(event, raw: dict, actor: str) -> dict:
+def event_json(event, raw: dict, actor: str) -> dict:
+    """One event as the function reads it."""
     out = {
         "id": event.id,
         "type": event.type,
