@@ -9,6 +9,7 @@ validation after commit) go through this way too, under gunicorn, as production 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.db import connection
@@ -54,7 +55,14 @@ def _submit_together(committer, project, requests, actor="tester"):
         finally:
             await committer.close()
 
-    return asyncio.run(main())
+    return _run(main())
+
+
+def _run(coroutine):
+    """asyncio.run in a thread of its own: a test before may have left an event loop
+    running in this one (Playwright's sync API does)."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, coroutine).result()
 
 
 def _as_the_endpoint(committer, project, raw):
@@ -170,12 +178,35 @@ def test_a_dead_connection_gives_the_group_back_and_the_next_call_reconnects(set
         await committer.close()
         return first, second, third
 
-    first, second, third = asyncio.run(main())
+    first, second, third = _run(main())
 
     assert first.statuses == ["created"]
     assert second is None  # the endpoint sends it the threaded way
     assert third.statuses == ["created"]  # on a new connection
     assert sorted(Checkpoint.objects.values_list("step", flat=True)) == [1, 3]
+
+
+def test_an_unexpected_error_answers_every_request_of_the_group(project):
+    """Nothing waits forever: the group goes the threaded way, and the next one is
+    applied again."""
+
+    class FailingOnce(LoopCommitter):
+        failed = False
+
+        async def _call(self, project_id, payload):
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("boom")
+            return await super()._call(project_id, payload)
+
+    setup = [started()]
+    ingest(project, "t", parse_events(setup), setup, finite=True)
+    committer = FailingOnce(1000)
+    first = _submit_together(committer, project, [[saved(step=1)], [saved(step=2)]])
+    second = _submit_together(committer, project, [[saved(step=3)]])
+    assert first == [None, None]
+    assert second[0].statuses == ["created"]
+    assert list(Checkpoint.objects.values_list("step", flat=True)) == [3]
 
 
 def _terminate(pid: int) -> None:

@@ -4,9 +4,10 @@ request Django's, in a pool of threads.
 Why: with gunicorn's threaded workers a single event spent about a fifth of its CPU
 being handed between the threads of a process (the GIL, wake-ups), beyond the
 request's own work (docs/benchmarks.md). Here the event loop of a process reads each
-request, authenticates it from the token cache, checks its events and hands them to
-the process's group committer (webapp/domain/group_commit.py) without a thread per
-request: the loop goes on reading the next requests while a group's transaction runs,
+request, authenticates it from the token cache, checks its events and hands them, on
+PostgreSQL, to the loop's own committer (webapp/domain/loop_commit.py), and what that
+does not take to the process's committer threads (webapp/domain/group_commit.py), without
+a thread per request: the loop goes on reading the next requests while a group's transaction runs,
 so groups grow with the load and the per-transaction cost is shared by more events.
 
 What needs the database outside the committer runs in the thread pool, never on the

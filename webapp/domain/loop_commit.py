@@ -67,6 +67,7 @@ class LoopCommitter:
         self.max_events = max_events
         self._waiting: deque[_Pending] = deque()
         self._running = False
+        self._task: asyncio.Task | None = None
         self._conn: psycopg.AsyncConnection | None = None
 
     async def submit(
@@ -83,22 +84,28 @@ class LoopCommitter:
         if not self._running:
             # Started now, run once the loop has read what else arrived meanwhile.
             self._running = True
-            asyncio.get_running_loop().create_task(self._drain())
+            # Held: the loop keeps only a weak reference to a task.
+            self._task = asyncio.get_running_loop().create_task(self._drain())
         return await future
 
     async def _drain(self) -> None:
+        group: list[_Pending] = []
         try:
             while self._waiting:
                 group = self._take()
                 try:
                     await self._apply(group)
-                except BaseException:  # never leave a request waiting
+                except Exception:
                     log.exception("loop commit failed; the threaded way takes the group")
                     for pending in group:
                         _resolve(pending.future, None)
-                    raise
         finally:
             self._running = False
+            # Whatever is left unanswered (an error above, or this task cancelled as the
+            # process stops) goes the threaded way: no request waits forever.
+            for pending in [*group, *self._waiting]:
+                _resolve(pending.future, None)
+            self._waiting.clear()
 
     def _take(self) -> list[_Pending]:
         """What is waiting, up to max_events, of the first request's project (one call
