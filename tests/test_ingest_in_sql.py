@@ -371,3 +371,37 @@ def test_saves_of_new_steps_are_inserted_together(project, settings, taken):
     inserts = [s for s in statements if "INSERT INTO domain_checkpoint (" in s]
     assert len(inserts) == 1, statements
     assert Checkpoint.objects.filter(project=project).count() == 3
+
+
+def _runs_read() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)"
+            " FROM pg_stat_xact_user_tables WHERE relname = 'domain_run'"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_a_call_reads_only_its_own_runs_however_many_the_project_has(project, settings):
+    """A sweep puts thousands of runs in one project. Before migration 0008 the function
+    read every run of the project at each call, whether its plans were made while the
+    table was small or after ANALYZE: 6-10 ms of PostgreSQL CPU per save with 20,000 runs
+    (docs/benchmarks.md)."""
+    settings.INGEST_IN_SQL = True
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    setup = [started("a")]
+    ingest(project, "t", parse_events(setup), setup, finite=True)
+    for step in range(1, 4):  # plans made now, with one run in the table
+        raw = [saved("a", step=step, t=step)]
+        ingest(project, "t", parse_events(raw), raw, finite=True)
+    Run.objects.bulk_create([Run(project=project, key=f"sweep-{i}") for i in range(3000)])
+    with connection.cursor() as cursor:  # as autovacuum would, soon after
+        cursor.execute("ANALYZE domain_run")
+    for raw in ([saved("a", step=10, t=10)], [saved("a", step=11, t=11), beat(12, 12, run="a")]):
+        before = _runs_read()
+        assert ingest(project, "t", parse_events(raw), raw, finite=True).statuses == [
+            "created"
+        ] * len(raw)
+        assert _runs_read() - before < 20
+    assert Run.objects.get(key="a").last_step == 12
