@@ -1,16 +1,21 @@
-"""lifeboat_ingest_v1 (migration 0007) finding each run by one index lookup of its key.
+"""lifeboat_ingest_v1 (migration 0007) finding each run of a call once, by its key.
 
 Why: the function found the runs of its events with `key = ANY(keys)` (to lock them)
-and with joins on `r.key = x->>'run'`. With many runs in a project (a sweep of 20,000),
-PostgreSQL planned both as a read of every run of the project: the first as an index
-scan bounded by the project alone with the key as a filter, the second as a hash join
-over all of them. Measured in one connection (docs/benchmarks.md, sixth session): a call
-with one save cost 0.37 ms of PostgreSQL CPU with one run in the project, 10.3 ms once
-20,000 more runs were added, and still 6.0 ms in a new connection after ANALYZE. Here
-each key is looked up on its own (LATERAL, bounded by project and key on the unique
-index, whatever the statistics), and the runs are locked one by one in id order, as
-before; the saves applied together update their runs one by one by primary key, where a
-join over the project's runs was planned as a hash of all of them."""
+and with joins on `r.key = x->>'run'` in its statements. With many runs in a project (a
+sweep of 20,000), PostgreSQL read every run of the project at each call: an index scan
+bounded by the project alone with the key as a filter (three indexes start with the
+project), or a hash join over all of them. Measured in one connection
+(docs/benchmarks.md, sixth session): a call with one save cost 0.37 ms of PostgreSQL CPU
+with one run in the project, 10.3 ms once 20,000 more runs were added, and still 6.0 ms
+in a new connection after ANALYZE.
+
+Now each key is looked up once per call by a statement planned at each call (EXECUTE),
+so with the table's current size and statistics; the runs are locked one by one in id
+order, as before; the other statements take the run ids from that lookup instead of
+joining domain_run; and the saves applied together update their runs one by one by
+primary key. What is left: on a server that never analyzes (autovacuum off) a small
+table can still be planned with the project's index (tests/test_ingest_in_sql.py runs
+ANALYZE, as autovacuum would)."""
 
 import importlib
 
