@@ -385,7 +385,7 @@ def _runs_read() -> int:
 def test_a_call_reads_only_its_own_runs_however_many_the_project_has(project, settings):
     """A sweep puts thousands of runs in one project. Before migration 0008 the function
     read every run of the project at each call, whether its plans were made while the
-    table was small or after ANALYZE: 6-10 ms of PostgreSQL CPU per save with 20,000 runs
+    table was small or after ANALYZE: 6-11 ms of PostgreSQL CPU per save with 20,000 runs
     (docs/benchmarks.md)."""
     settings.INGEST_IN_SQL = True
     with connection.cursor() as cursor:

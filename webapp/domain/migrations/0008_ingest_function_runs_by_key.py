@@ -1,21 +1,24 @@
-"""lifeboat_ingest_v1 (migration 0007) finding each run of a call once, by its key.
+"""lifeboat_ingest_v1 (migration 0007) joining no statement on domain_run.
 
-Why: the function found the runs of its events with `key = ANY(keys)` (to lock them)
-and with joins on `r.key = x->>'run'` in its statements. With many runs in a project (a
-sweep of 20,000), PostgreSQL read every run of the project at each call: an index scan
-bounded by the project alone with the key as a filter (three indexes start with the
-project), or a hash join over all of them. Measured in one connection
-(docs/benchmarks.md, sixth session): a call with one save cost 0.37 ms of PostgreSQL CPU
-with one run in the project, 10.3 ms once 20,000 more runs were added, and still 6.0 ms
-in a new connection after ANALYZE.
+Why: with many runs in a project (a sweep of 20,000), a call read every run of the
+project: its statements found the runs of their events by joins on `r.key = x->>'run'`,
+which PostgreSQL planned as a hash join over all of the project's runs, and the saves
+applied together updated their runs with an UPDATE ... FROM, planned the same way.
+Measured in one connection (docs/benchmarks.md, sixth session): a call with one save
+cost 0.37-0.40 ms of PostgreSQL CPU with one run in the project, 11 ms once 20,000 more
+runs were added, and still 5.8-6.7 ms in a new connection after ANALYZE.
 
-Now each key is looked up once per call by a statement planned at each call (EXECUTE),
-so with the table's current size and statistics; the runs are locked one by one in id
-order, as before; the other statements take the run ids from that lookup instead of
-joining domain_run; and the saves applied together update their runs one by one by
-primary key. What is left: on a server that never analyzes (autovacuum off) a small
-table can still be planned with the project's index (tests/test_ingest_in_sql.py runs
-ANALYZE, as autovacuum would)."""
+Now the statement that locks the runs (in id order, as before) also returns their ids
+by key, and the other statements take the ids from there; the saves applied together
+update their runs one by one by primary key. Then 0.40-0.47 ms with 20,000 runs, and
+served single events within 2 % of 0007 with 8 runs. Tried first and not kept: each key
+looked up by a statement planned at each call (EXECUTE), or one lookup and one lock per
+run: 10-20 % fewer single events served, for each statement's own cost.
+
+What is left: the lock's plan, made once per connection, can use the index on the
+project alone (with the key as a filter) when it was made while the table was small and
+never analyzed; then it reads the project's runs until the next ANALYZE, which
+autovacuum runs (tests/test_ingest_in_sql.py runs ANALYZE, as autovacuum would)."""
 
 import importlib
 
@@ -29,30 +32,14 @@ LOCK_BEFORE = """  SELECT count(*) INTO locked FROM (
     SELECT id FROM domain_run WHERE project_id = p_project AND key = ANY(keys)
     ORDER BY id FOR UPDATE) AS r;
 """
-LOCK_NOW = """  -- Each run by its key, planned at each call (EXECUTE): a plan made once per
-  -- connection, while the table was small, used an index on the project alone (three
-  -- start with it) and read every run of the project at each lookup. Then the runs are
-  -- locked in id order, as before.
-  run_map := '{}';
-  FOREACH locked_key IN ARRAY keys LOOP
-    EXECUTE 'SELECT id FROM domain_run WHERE project_id = $1 AND key = $2'
-      INTO locked_id USING p_project, locked_key;
-    IF locked_id IS NOT NULL THEN
-      run_map := run_map || jsonb_build_object(locked_key, locked_id);
-    END IF;
-  END LOOP;
-  locked := 0;
-  FOR locked_id IN SELECT value::bigint FROM jsonb_each_text(run_map) ORDER BY 1 LOOP
-    PERFORM FROM domain_run WHERE id = locked_id FOR UPDATE;
-    IF FOUND THEN
-      locked := locked + 1;
-    END IF;
-  END LOOP;
+LOCK_NOW = """  SELECT count(*), coalesce(jsonb_object_agg(r.key, r.id), '{}') INTO locked, run_map
+  FROM (
+    SELECT id, key FROM domain_run WHERE project_id = p_project AND key = ANY(keys)
+    ORDER BY id FOR UPDATE) AS r;
 """
 JOIN_BEFORE = "JOIN domain_run r ON r.project_id = p_project AND r.key = x->>'run'"
-# The runs found above, instead of a join on domain_run (planned as a hash of all the
-# project's runs, or as the lookup above). Every key is there: a missing run ended the
-# call already.
+# The runs found by the lock, instead of a join on domain_run (planned as a hash of all
+# the project's runs). Every key is there: a missing run ended the call already.
 JOIN_NOW = "CROSS JOIN LATERAL (SELECT (run_map->>(x->>'run'))::bigint AS id) AS r"
 # The saves applied together: the runs' new state was one UPDATE ... FROM a join, which
 # PostgreSQL planned as a hash join over a scan of every run; now one update by primary
@@ -83,8 +70,6 @@ RUNS_NOW = """    -- What the loop's one update per save adds up to: greatest() 
 """
 DECLARE_BEFORE = "  c_id bigint;\n"
 DECLARE_NOW = """  c_id bigint;
-  locked_id bigint;
-  locked_key text;
   run_map jsonb;
   run_ids bigint[];
   run_ats timestamptz[];
