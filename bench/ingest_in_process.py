@@ -27,25 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import scratch_postgres  # noqa: E402
+
 DB = "lifeboat_bench_inproc"
-PG_HOST = os.environ.get("BENCH_PGHOST", "127.0.0.1")
-PG_PORT = int(os.environ.get("BENCH_PGPORT", "5432"))
-
-
-def _database(action: str) -> None:
-    import psycopg
-
-    with psycopg.connect(
-        host=PG_HOST, port=PG_PORT, user="postgres", dbname="postgres", autocommit=True
-    ) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
-        if action == "create":
-            conn.execute(f'CREATE DATABASE "{DB}"')
-
-
-def _backend_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -55,9 +39,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
-    _database("create")
+    scratch_postgres.recreate(DB)
     os.environ.update(
-        DATABASE_URL=f"postgres://postgres@{PG_HOST}:{PG_PORT}/{DB}",
+        DATABASE_URL=scratch_postgres.url(DB),
         DJANGO_SETTINGS_MODULE="webapp.settings",
         DEBUG="0",
         SECRET_KEY="bench",
@@ -125,10 +109,18 @@ def main() -> None:
                     for raws, events in groups(size, 20):  # warm-up
                         ingest(project, "bench", events, raws, finite=True)
                     work = groups(size, args.transactions)
-                    w0, c0, p0 = time.perf_counter(), time.thread_time(), _backend_cpu(backend)
+                    w0, c0, p0 = (
+                        time.perf_counter(),
+                        time.thread_time(),
+                        scratch_postgres.backend_cpu(backend),
+                    )
                     for raws, events in work:
                         ingest(project, "bench", events, raws, finite=True)
-                    w1, c1, p1 = time.perf_counter(), time.thread_time(), _backend_cpu(backend)
+                    w1, c1, p1 = (
+                        time.perf_counter(),
+                        time.thread_time(),
+                        scratch_postgres.backend_cpu(backend),
+                    )
                     n = args.transactions
                     print(
                         f"{size:>6}  {'function' if in_sql else 'Python':<8}"
@@ -137,7 +129,7 @@ def main() -> None:
                     )
     finally:
         connection.close()
-        _database("drop")
+        scratch_postgres.drop(DB)
 
 
 if __name__ == "__main__":

@@ -32,26 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import scratch_postgres  # noqa: E402
+
 DB = "lifeboat_bench_runs"
-PG_HOST = os.environ.get("BENCH_PGHOST", "127.0.0.1")
-PG_PORT = int(os.environ.get("BENCH_PGPORT", "5432"))
-DSN = f"postgresql://postgres@{PG_HOST}:{PG_PORT}/{DB}"
-
-
-def _database(action: str) -> None:
-    import psycopg
-
-    with psycopg.connect(
-        host=PG_HOST, port=PG_PORT, user="postgres", dbname="postgres", autocommit=True
-    ) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
-        if action == "create":
-            conn.execute(f'CREATE DATABASE "{DB}"')
-
-
-def _backend_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -61,9 +44,9 @@ def main() -> None:
     parser.add_argument("--migration", help="migrate the domain app up to this one only")
     args = parser.parse_args()
 
-    _database("create")
+    scratch_postgres.recreate(DB)
     os.environ.update(
-        DATABASE_URL=f"postgres://postgres@{PG_HOST}:{PG_PORT}/{DB}",
+        DATABASE_URL=scratch_postgres.url(DB),
         DJANGO_SETTINGS_MODULE="webapp.settings",
         DEBUG="0",
         SECRET_KEY="bench",
@@ -108,18 +91,18 @@ def main() -> None:
 
         def timed(conn, label: str) -> None:
             pid = conn.info.backend_pid
-            cpu, wall = _backend_cpu(pid), time.perf_counter()
+            cpu, wall = scratch_postgres.backend_cpu(pid), time.perf_counter()
             for _ in range(args.calls):
                 conn.execute(
                     "SELECT lifeboat_ingest_v1(%s, %s, %s::jsonb)",
                     [project.pk, timezone.now(), payload()],
                 )
             wall = (time.perf_counter() - wall) / args.calls * 1000
-            cpu = (_backend_cpu(pid) - cpu) / args.calls * 1000
+            cpu = (scratch_postgres.backend_cpu(pid) - cpu) / args.calls * 1000
             print(f"  {label:<44} wall {wall:6.2f} ms   PostgreSQL CPU {cpu:6.2f} ms per call")
 
         print(f"lifeboat_ingest_v1, one save per call, {args.calls} calls per line")
-        first = psycopg.connect(DSN, autocommit=True)
+        first = psycopg.connect(scratch_postgres.url(DB), autocommit=True)
         timed(first, "1 run (baseline), plans made now")
         Run.objects.bulk_create(
             [
@@ -129,15 +112,21 @@ def main() -> None:
             batch_size=5000,
         )
         timed(first, f"+{args.runs:,} runs, same connection")
-        timed(psycopg.connect(DSN, autocommit=True), "new connection, never analyzed")
+        timed(
+            psycopg.connect(scratch_postgres.url(DB), autocommit=True),
+            "new connection, never analyzed",
+        )
         first.execute("ANALYZE domain_run")
-        timed(psycopg.connect(DSN, autocommit=True), "new connection after ANALYZE")
+        timed(
+            psycopg.connect(scratch_postgres.url(DB), autocommit=True),
+            "new connection after ANALYZE",
+        )
         first.close()
     finally:
         from django.db import connections
 
         connections.close_all()
-        _database("drop")
+        scratch_postgres.drop(DB)
 
 
 if __name__ == "__main__":

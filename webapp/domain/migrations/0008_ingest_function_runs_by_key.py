@@ -24,9 +24,9 @@ import importlib
 
 from django.db import migrations
 
-PREVIOUS = importlib.import_module(
-    "webapp.domain.migrations.0007_ingest_function_saves_together"
-).FUNCTION
+_0007 = importlib.import_module("webapp.domain.migrations.0007_ingest_function_saves_together")
+PREVIOUS = _0007.FUNCTION
+_create = _0007._create  # CREATE OR REPLACE of a function text, on PostgreSQL only
 
 LOCK_BEFORE = """  SELECT count(*) INTO locked FROM (
     SELECT id FROM domain_run WHERE project_id = p_project AND key = ANY(keys)
@@ -86,15 +86,6 @@ FUNCTION = (
     .replace(JOIN_BEFORE, JOIN_NOW)
     .replace(DECLARE_BEFORE, DECLARE_NOW)
 )
-
-
-def _create(function: str):
-    def create(apps, schema_editor):
-        if schema_editor.connection.vendor == "postgresql":
-            with schema_editor.connection.cursor() as cursor:
-                cursor.execute(function)  # no parameters: its % signs are PL/pgSQL's
-
-    return create
 
 
 class Migration(migrations.Migration):
