@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import sys
 import time
 import uuid
@@ -39,17 +38,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
-    scratch_postgres.recreate(DB)
-    os.environ.update(
-        DATABASE_URL=scratch_postgres.url(DB),
-        DJANGO_SETTINGS_MODULE="webapp.settings",
-        DEBUG="0",
-        SECRET_KEY="bench",
-        VALIDATION_PUBLISH_MS="0",
-    )
-    import django
-
-    django.setup()
+    scratch_postgres.django_on(DB, VALIDATION_PUBLISH_MS="0")
     from django.conf import settings
     from django.core.management import call_command
     from django.db import connection

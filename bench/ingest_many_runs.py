@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import sys
 import time
 import uuid
@@ -44,16 +43,7 @@ def main() -> None:
     parser.add_argument("--migration", help="migrate the domain app up to this one only")
     args = parser.parse_args()
 
-    scratch_postgres.recreate(DB)
-    os.environ.update(
-        DATABASE_URL=scratch_postgres.url(DB),
-        DJANGO_SETTINGS_MODULE="webapp.settings",
-        DEBUG="0",
-        SECRET_KEY="bench",
-    )
-    import django
-
-    django.setup()
+    scratch_postgres.django_on(DB)
     import orjson
     import psycopg
     from django.core.management import call_command

@@ -37,3 +37,19 @@ def backend_cpu(pid: int) -> float:
     this machine)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def django_on(name: str, **environ: str) -> None:
+    """A new scratch database `name`, and Django set up on it in this process (settings
+    from the environment, as the web process reads them; `environ` adds to them)."""
+    recreate(name)
+    os.environ.update(
+        DATABASE_URL=url(name),
+        DJANGO_SETTINGS_MODULE="webapp.settings",
+        DEBUG="0",
+        SECRET_KEY="bench",
+        **environ,
+    )
+    import django
+
+    django.setup()
