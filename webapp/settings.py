@@ -6,6 +6,7 @@ var/ in the checkout. With DEBUG off, SECRET_KEY is required.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -41,6 +42,7 @@ INSTALLED_APPS = [
     "webapp.api",
     "webapp.dashboard",
     "webapp.accounts",
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -54,6 +56,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "webapp.ops.latency.LatencyMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login with its own page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -133,9 +137,47 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(env_str("STATIC_ROOT", str(VAR_DIR / "static")))
 
-if not DEBUG:
-    SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)
-    CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)
+# --- Web security ----------------------------------------------------------------------
+# Behind TLS (docs/deployment.md, "Behind TLS"): cookies only over https, HSTS, and the
+# proxy's header that says the request came over https. All off by default, for
+# `make run` on http://127.0.0.1.
+SECURE_COOKIES = env_bool("SECURE_COOKIES", False)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", SECURE_COOKIES)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", SECURE_COOKIES)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+# The header (and value) a TLS-terminating proxy sets, e.g. "X-Forwarded-Proto: https".
+# Set it only when the proxy always overwrites that header: a client could send it.
+_proxy_ssl_header = env_str("SECURE_PROXY_SSL_HEADER")
+if _proxy_ssl_header:
+    _name, _, _value = _proxy_ssl_header.partition(":")
+    if not _name.strip() or not _value.strip():
+        raise ImproperlyConfigured(
+            "SECURE_PROXY_SSL_HEADER must look like 'X-Forwarded-Proto: https'"
+        )
+    SECURE_PROXY_SSL_HEADER = (
+        "HTTP_" + _name.strip().upper().replace("-", "_"),
+        _value.strip(),
+    )
+# Login attempts (django-axes): after LOGIN_FAILURE_LIMIT failures for one user name from
+# one address, that pair is locked out for LOGIN_LOCKOUT_MINUTES, even with the right
+# password. Behind a proxy, REMOTE_ADDR is the proxy's unless LOGIN_CLIENT_IP_HEADER
+# names the header that carries the client's address (e.g. X-Forwarded-For).
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_LOCKOUT_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_RESET_ON_SUCCESS = True
+AXES_DISABLE_ACCESS_LOG = True
+AXES_VERBOSE = False
+LOGIN_CLIENT_IP_HEADER = env_str("LOGIN_CLIENT_IP_HEADER", "") or ""
+AXES_CLIENT_IP_CALLABLE = "webapp.accounts.client_ip.client_ip"
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 
 # LOG_FORMAT=json writes one JSON object per line; either way every line a task writes
 # carries its task, run and checkpoint ids (webapp/ops/logs.py).
@@ -163,8 +205,10 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
 
-# Prometheus scrapes /metrics; with a token set it must send it as a bearer token.
+# Prometheus scrapes /metrics with this bearer token. Without one, /metrics answers 401
+# unless METRICS_PUBLIC=1 opens it to anyone who can reach it (it lists run keys).
 METRICS_TOKEN = env_str("METRICS_TOKEN", "") or ""
+METRICS_PUBLIC = env_bool("METRICS_PUBLIC", False)
 # How often (ms) each web process adds its API latency counts to Redis (webapp/ops/latency.py).
 LATENCY_FLUSH_MS = env_int("LATENCY_FLUSH_MS", 1000, minimum=0)
 
@@ -215,6 +259,11 @@ ALERT_SLOW_SAVE_FACTOR = float(env_str("ALERT_SLOW_SAVE_FACTOR", "3") or 3)
 ALERT_TIMEOUT_S = env_int("ALERT_TIMEOUT_S", 10, minimum=1)
 ALERT_MAX_ATTEMPTS = env_int("ALERT_MAX_ATTEMPTS", 5, minimum=1)
 ALERT_RETRY_BASE_S = env_int("ALERT_RETRY_BASE_S", 30, minimum=1)
+# Hosts and networks that URLs set by project admins (webhooks, S3 endpoints) may reach
+# although they are loopback, link-local or private: host names, host:port, IPs and
+# networks, e.g. "minio.internal,10.0.0.0/8,127.0.0.1:8333" (webapp/domain/outbound.py).
+# Empty: only public addresses.
+OUTBOUND_ALLOW = env_list("LIFEBOAT_OUTBOUND_ALLOW")
 # E-mail: SMTP when EMAIL_HOST is set; without it, e-mail channels fail with a message
 # that says so (never a silent "sent").
 EMAIL_HOST = env_str("EMAIL_HOST", "") or ""
@@ -257,6 +306,13 @@ S3_REGION = env_str("S3_REGION", "us-east-1")
 S3_ACCESS_KEY_ID = env_str("S3_ACCESS_KEY_ID")
 S3_SECRET_ACCESS_KEY = env_str("S3_SECRET_ACCESS_KEY")
 S3_BUCKET = env_str("S3_BUCKET", "lifeboat")
+# Which projects may name which credentials in a storage target's credentials_ref
+# (webapp/domain/storage_access.py): "S3_BACKUP=ml-team|vision,S3_ARCHIVE=*". A name not
+# listed is refused for every project.
+S3_CREDENTIALS_REFS = env_list("S3_CREDENTIALS_REFS")
+# Which projects may use the deployment's own S3 keys (S3_ACCESS_KEY_ID) for a target
+# without a credentials_ref: slugs, or * for all.
+S3_DEFAULT_CREDENTIALS_PROJECTS = env_list("S3_DEFAULT_CREDENTIALS_PROJECTS", ["*"])
 
 # --- Validation ----------------------------------------------------------------------
 # The load check runs in a child process with these limits (docs/design.md: loads never

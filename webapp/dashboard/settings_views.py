@@ -1,34 +1,25 @@
 """Project settings, for admins: API tokens (the secret is shown once, at creation, and
 never stored), storage targets (credentials are named by reference, never entered or
-shown here), launch profiles, alert channels (with the recent flips and every attempt at
-sending them) and recovery (storage quota, automatic resume, restore-test levels). Each
-change leaves an audit Event."""
+shown here), launch profiles and recovery (storage quota, automatic resume, restore-test
+levels); alert channels are in webapp/dashboard/alert_views.py. Each change leaves an
+audit Event."""
 
 from __future__ import annotations
 
 import json
 import re
-from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
-from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import actor_of, project_view
+from webapp.domain import storage_access
 from webapp.domain.models import ApiToken, Event, LaunchProfile, StorageTarget
-from webapp.domain.models.alerts import (
-    AlertChannel,
-    AlertKind,
-    ChannelKind,
-    Flip,
-    Notification,
-)
 from webapp.domain.models.projects import Role, Scope
 
 
@@ -51,13 +42,44 @@ class TokenForm(forms.Form):
 
 
 class StorageTargetForm(forms.ModelForm):
+    """The endpoint and the credentials' name are checked against what the deployment
+    allows this project (webapp.domain.storage_access), here and again on every use."""
+
     endpoint_url = forms.URLField(
-        required=False, assume_scheme="https", help_text="Empty for AWS S3."
+        required=False,
+        assume_scheme="https",
+        help_text="Empty for the deployment's own store (AWS S3 if it has none).",
     )
 
     class Meta:
         model = StorageTarget
         fields = ["name", "bucket", "prefix", "endpoint_url", "region", "credentials_ref"]
+
+    def __init__(self, *args, project, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.project = project
+        granted = storage_access.refs_for(project.slug)
+        self.fields["credentials_ref"].help_text = (
+            "Granted to this project by the deployment's administrator: "
+            + (", ".join(granted) or "none")
+            + ". Empty: the deployment's own keys."
+        )
+
+    def clean_endpoint_url(self):
+        url = self.cleaned_data.get("endpoint_url") or ""
+        try:
+            storage_access.check_endpoint(url)
+        except storage_access.TargetRefused as exc:
+            raise ValidationError(str(exc)) from None
+        return url
+
+    def clean_credentials_ref(self):
+        ref = (self.cleaned_data.get("credentials_ref") or "").strip()
+        try:
+            storage_access.check_credentials_ref(self.project.slug, ref)
+        except storage_access.TargetRefused as exc:
+            raise ValidationError(str(exc)) from None
+        return ref
 
 
 class LaunchProfileForm(forms.ModelForm):
@@ -134,7 +156,7 @@ def _create_in_project(request, form, what: str):
 @require_http_methods(["GET", "POST"])
 @project_view(Role.ADMIN)
 def storage_targets(request):
-    form = StorageTargetForm(request.POST or None)
+    form = StorageTargetForm(request.POST or None, project=request.project)
     if request.method == "POST" and form.is_valid():
         target = _create_in_project(request, form, "A storage target")
         if target is not None:
@@ -191,141 +213,6 @@ def audit_log(request):
         "dashboard/settings_audit.html",
         _settings_context(request, events=events, tab="audit"),
     )
-
-
-# --- Alerts -----------------------------------------------------------------------------
-
-FLIPS_SHOWN = 50
-
-
-class AlertChannelForm(forms.ModelForm):
-    kinds = forms.MultipleChoiceField(
-        choices=AlertKind.choices,
-        required=False,
-        widget=forms.CheckboxSelectMultiple,
-        help_text="None ticked: every kind.",
-    )
-
-    class Meta:
-        model = AlertChannel
-        fields = ["name", "kind", "target", "kinds"]
-        widgets = {"kind": forms.Select, "target": forms.TextInput(attrs={"size": 60})}
-        help_texts = {
-            "target": "A webhook's http(s) URL (Slack, Mattermost, or your own), or e-mail "
-            "addresses separated by commas."
-        }
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["kind"].choices = ChannelKind.choices  # no empty choice
-        self.fields["kind"].initial = ChannelKind.WEBHOOK
-
-    def clean(self):
-        data = super().clean()
-        kind, target = data.get("kind"), (data.get("target") or "").strip()
-        if not kind or not target:
-            return data
-        if kind == ChannelKind.WEBHOOK:
-            # Not Django's URLValidator: it refuses single-label hosts, and a self-hosted
-            # chat server is often one (http://mattermost:8065/hooks/...).
-            url = urlsplit(target)
-            if (
-                url.scheme not in ("http", "https")
-                or not url.hostname
-                or any(c.isspace() for c in target)
-            ):
-                self.add_error("target", "A webhook needs an http:// or https:// URL.")
-            data["target"] = target
-        else:
-            addresses = [a.strip() for a in target.split(",") if a.strip()]
-            bad = []
-            for address in addresses:
-                try:
-                    validate_email(address)
-                except ValidationError:
-                    bad.append(address)
-            if bad or not addresses:
-                self.add_error(
-                    "target",
-                    f"Not an e-mail address: {', '.join(bad)}."
-                    if bad
-                    else "Give at least one e-mail address.",
-                )
-            data["target"] = ", ".join(addresses)
-        return data
-
-
-@require_http_methods(["GET", "POST"])
-@project_view(Role.ADMIN)
-def alerts(request):
-    """Alert channels (list, add, disable) and the recent flips, with each notification
-    and every attempt at sending it."""
-    form = AlertChannelForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        channel = form.save(commit=False)
-        channel.project = request.project
-        channel.target = form.cleaned_data["target"]
-        try:
-            with transaction.atomic():
-                channel.save()
-        except IntegrityError:
-            form.add_error("name", "An alert channel of this project already has this name.")
-        else:
-            kinds = ", ".join(channel.kinds) or "every kind"
-            audit(
-                request,
-                "alert_channel.created",
-                f"alert channel {channel.name!r} ({channel.kind} to {channel.target}) created "
-                f"for {kinds}",
-                alert_channel=channel.pk,
-            )
-            messages.success(request, f"Alert channel {channel.name} is added.")
-            return redirect("dashboard:settings-alerts", request.project.slug)
-    channels = request.project.alert_channels.order_by("name")
-    flips = (
-        Flip.objects.filter(project=request.project)
-        .select_related("run")
-        .prefetch_related(
-            Prefetch(
-                "notifications",
-                queryset=Notification.objects.select_related("channel").order_by("channel__name"),
-            )
-        )
-        .order_by("-created_at", "-id")[:FLIPS_SHOWN]
-    )
-    return render(
-        request,
-        "dashboard/settings_alerts.html",
-        _settings_context(
-            request,
-            form=form,
-            channels=channels,
-            flips=flips,
-            kind_labels=dict(AlertKind.choices),
-            tab="alerts",
-        ),
-    )
-
-
-@require_POST
-@project_view(Role.ADMIN)
-def alert_channel_enabled(request, channel_id: int):
-    channel = get_object_or_404(AlertChannel, project=request.project, pk=channel_id)
-    enabled = request.POST.get("enabled", "0") not in ("0", "false", "")
-    if AlertChannel.objects.filter(pk=channel.pk).exclude(enabled=enabled).update(enabled=enabled):
-        verb = "enabled" if enabled else "disabled"
-        audit(
-            request,
-            f"alert_channel.{verb}",
-            f"alert channel {channel.name!r} {verb}",
-            alert_channel=channel.pk,
-        )
-        messages.success(
-            request,
-            f"Alert channel {channel.name} is {verb}"
-            + ("." if enabled else ": it gets no notifications until enabled again."),
-        )
-    return redirect("dashboard:settings-alerts", request.project.slug)
 
 
 # --- Recovery: quota, automatic resume, restore-test levels ------------------------------

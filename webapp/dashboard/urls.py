@@ -1,6 +1,6 @@
 from django.urls import path
 
-from webapp.dashboard import recovery_views, settings_views, views
+from webapp.dashboard import alert_views, recovery_views, settings_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -48,10 +48,10 @@ urlpatterns = [
         settings_views.launch_profiles,
         name="settings-profiles",
     ),
-    path("p/<slug:slug>/settings/alerts/", settings_views.alerts, name="settings-alerts"),
+    path("p/<slug:slug>/settings/alerts/", alert_views.alerts, name="settings-alerts"),
     path(
         "p/<slug:slug>/settings/alerts/<int:channel_id>/enabled/",
-        settings_views.alert_channel_enabled,
+        alert_views.alert_channel_enabled,
         name="settings-alert-enabled",
     ),
     path("p/<slug:slug>/settings/recovery/", settings_views.recovery, name="settings-recovery"),

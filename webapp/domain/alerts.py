@@ -25,8 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-import urllib.error
-import urllib.request
 from datetime import timedelta
 
 from django.conf import settings
@@ -358,23 +356,20 @@ def payload(flip) -> dict:
     }
 
 
-def _send_webhook(url: str, body: dict) -> int:
-    request = urllib.request.Request(  # noqa: S310 (http(s) checked when the channel is saved)
-        url,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", "User-Agent": "lifeboat-alerts"},
-        method="POST",
-    )
+def _send_webhook(channel, body: dict) -> int:
+    """One signed POST to the channel's URL, checked against the deployment's outbound
+    policy at this very moment (webapp/domain/webhook_delivery.py)."""
+    from webapp.domain import webhook_delivery
+
     try:
-        with urllib.request.urlopen(request, timeout=settings.ALERT_TIMEOUT_S) as response:  # noqa: S310
-            return response.status
-    except urllib.error.HTTPError as exc:
-        text = exc.read()[:300].decode(errors="replace")
-        if exc.code >= 500 or exc.code == 429:
-            raise TemporaryError(f"HTTP {exc.code}: {text}") from None
-        raise PermanentError(f"HTTP {exc.code}: {text}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise TemporaryError(str(getattr(exc, "reason", exc))) from None
+        return webhook_delivery.post(
+            channel.target,
+            json.dumps(body).encode(),
+            channel.secret,
+            timeout=settings.ALERT_TIMEOUT_S,
+        )
+    except webhook_delivery.DeliveryFailed as exc:
+        raise (TemporaryError if exc.temporary else PermanentError)(str(exc)) from None
 
 
 def _send_email(addresses: str, flip) -> int:
@@ -420,7 +415,7 @@ def deliver(notification_id: int) -> str | float:
     outcome: str | float
     try:
         if channel.kind == "webhook":
-            attempt["status"] = _send_webhook(channel.target, payload(flip))
+            attempt["status"] = _send_webhook(channel, payload(flip))
         else:
             _send_email(channel.target, flip)
         attempt["ok"] = True

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import os
-
 from django.conf import settings
+
+from webapp.domain.storage_access import target_access
 
 
 def s3_client(project=None, bucket: str | None = None):
     """A client for `bucket`: the project's storage target for that bucket if it has
-    one (its endpoint, region and credentials named by reference), else the default
-    store of the settings."""
+    one (its endpoint, region and credentials named by reference, checked by
+    webapp.domain.storage_access: TargetRefused), else the default store of the
+    settings."""
     import boto3
     from botocore.config import Config
 
@@ -20,11 +21,8 @@ def s3_client(project=None, bucket: str | None = None):
     if project is not None and bucket:
         target = project.storage_targets.filter(bucket=bucket, enabled=True).first()
     if target is not None:
-        endpoint = target.endpoint_url or endpoint
-        region = target.region or region
-        if target.credentials_ref:
-            key = os.environ.get(f"{target.credentials_ref}_ACCESS_KEY_ID", key)
-            secret = os.environ.get(f"{target.credentials_ref}_SECRET_ACCESS_KEY", secret)
+        access = target_access(target)
+        endpoint, region, key, secret = access.endpoint, access.region, access.key, access.secret
     return boto3.client(
         "s3",
         endpoint_url=endpoint or None,

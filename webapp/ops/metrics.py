@@ -12,7 +12,7 @@ import hmac
 import redis
 from django.conf import settings
 from django.db.models import Count, Max, Min
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 
 from webapp.ops import latency
@@ -157,13 +157,21 @@ def collect() -> str:
 
 
 def metrics_view(request):
-    """Open when METRICS_TOKEN is empty (Prometheus inside the cluster); else it wants
-    `Authorization: Bearer <METRICS_TOKEN>`, as Prometheus' `authorization` sends."""
+    """Wants `Authorization: Bearer <METRICS_TOKEN>` (Prometheus' `authorization`), since
+    the series name every project's running runs. Open to anyone only when the
+    deployment says so (METRICS_PUBLIC=1); with neither, every caller gets 401."""
     expected = settings.METRICS_TOKEN
-    if expected:
-        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            return HttpResponse(
-                "metrics need the METRICS_TOKEN\n", status=401, content_type="text/plain"
+    if not settings.METRICS_PUBLIC:
+        header = request.headers.get("Authorization", "")
+        given = header.removeprefix("Bearer ").strip() if header.startswith("Bearer ") else ""
+        if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+            return JsonResponse(
+                {
+                    "error": "/metrics needs the METRICS_TOKEN as a bearer token"
+                    if expected
+                    else "/metrics is closed: set METRICS_TOKEN (or METRICS_PUBLIC=1)"
+                },
+                status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
             )
     return HttpResponse(collect(), content_type="text/plain; version=0.0.4; charset=utf-8")

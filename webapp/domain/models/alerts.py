@@ -6,6 +6,9 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from webapp.domain.outbound import masked
+from webapp.domain.webhook_delivery import new_secret
+
 
 class AlertKind(models.TextChoices):
     RUN_OVERDUE = "run.overdue", "Run overdue (no checkpoint or heartbeat in time)"
@@ -37,6 +40,9 @@ class AlertChannel(models.Model):
     kinds = models.JSONField(default=list, blank=True)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # A webhook's deliveries are signed with it (webapp/domain/webhook_delivery.py);
+    # shown to the project's admins on the channel's settings page only.
+    secret = models.CharField(max_length=100, default=new_secret, editable=False)
 
     class Meta:
         constraints = [
@@ -45,6 +51,12 @@ class AlertChannel(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"
+
+    @property
+    def shown_target(self) -> str:
+        """What pages, audit messages and events may show: a webhook's URL masked to
+        scheme://host/… (its path often is the secret), e-mail addresses as they are."""
+        return masked(self.target) if self.kind == ChannelKind.WEBHOOK else self.target
 
     def wants(self, kind: str) -> bool:
         return self.enabled and (not self.kinds or kind in self.kinds)

@@ -178,7 +178,10 @@ def send(claimed: Claim) -> dict:
         "checkpoint__project", "checkpoint__run", "target"
     ).get(pk=claimed.replica_id)
     target, checkpoint = replica.target, replica.checkpoint
-    client = targets.client_for(target)
+    try:
+        client = targets.client_for(target)
+    except targets.TargetRefused as exc:
+        raise SourceUnavailable(str(exc)) from None  # the same answer on every try
     bucket = target.bucket
 
     # Parts left by a crashed attempt would be kept (and billed) forever otherwise.

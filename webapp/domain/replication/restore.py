@@ -23,7 +23,10 @@ def replica_files(replica, expires_s: int | None = None) -> list[dict]:
     """The files of a verified replica, each with a presigned GET URL."""
     if not replica.files:
         return []
-    client = targets.client_for(replica.target)
+    try:
+        client = targets.client_for(replica.target)
+    except targets.TargetRefused:
+        return []  # no URL signed with keys the project may no longer use
     expires_s = expires_s or settings.REPLICATION_URL_EXPIRES_S
     return [
         {

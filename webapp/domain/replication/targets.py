@@ -9,10 +9,13 @@ it is written last, and a replica without one is not a replica.
 
 from __future__ import annotations
 
-import os
 import threading
 
 from django.conf import settings
+
+from webapp.domain.storage_access import TargetRefused, target_access
+
+__all__ = ["TargetRefused", "client_for", "credentials"]
 
 _clients: dict[tuple, object] = {}
 _clients_lock = threading.Lock()
@@ -20,23 +23,22 @@ _clients_lock = threading.Lock()
 
 def credentials(target) -> tuple[str | None, str | None]:
     """The access key and secret named by the target's credentials_ref, read from the
-    environment of this process (never stored in the database, never shown)."""
-    key, secret = settings.S3_ACCESS_KEY_ID, settings.S3_SECRET_ACCESS_KEY
-    if target.credentials_ref:
-        key = os.environ.get(f"{target.credentials_ref}_ACCESS_KEY_ID", key)
-        secret = os.environ.get(f"{target.credentials_ref}_SECRET_ACCESS_KEY", secret)
-    return key, secret
+    environment of this process (never stored in the database, never shown), if the
+    deployment granted them to the target's project (else TargetRefused)."""
+    access = target_access(target)
+    return access.key, access.secret
 
 
 def client_for(target, *, pool: int | None = None, retries: int | None = None):
-    """A boto3 client for the target. Clients are cached per process: building one costs
+    """A boto3 client for the target, once its endpoint and credentials passed
+    webapp.domain.storage_access (TargetRefused otherwise; checked on every call, so a
+    withdrawn grant applies at once). Clients are cached per process: building one costs
     tens of milliseconds, and the API builds presigned URLs on every read."""
     import boto3
     from botocore.config import Config
 
-    key, secret = credentials(target)
-    endpoint = target.endpoint_url or settings.S3_ENDPOINT_URL or None
-    region = target.region or settings.S3_REGION
+    access = target_access(target)
+    key, secret, endpoint, region = access.key, access.secret, access.endpoint, access.region
     pool = pool or settings.REPLICATION_CONCURRENCY + 2
     retries = retries or settings.REPLICATION_S3_RETRIES
     cache_key = (endpoint, region, key, secret, pool, retries)
