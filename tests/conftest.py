@@ -334,6 +334,9 @@ def worker_env(django_db_setup, redis_client) -> dict:
         DB_CONN_MAX_AGE="0",
         REDIS_URL=settings.REDIS_URL,
         LIFEBOAT_VAR_DIR=str(ROOT / "var" / "test-worker"),
+        # The tests' S3 servers and webhook receivers listen on 127.0.0.1, which the
+        # outbound policy refuses unless the deployment allows it.
+        LIFEBOAT_OUTBOUND_ALLOW="127.0.0.1",
     )
     return env
 
@@ -565,7 +568,9 @@ def s3_server(tmp_path_factory):
 
 @pytest.fixture
 def s3(s3_server, settings):
-    """The S3 server, with the settings of this process pointing at it."""
+    """The S3 server, with the settings of this process pointing at it (and the
+    outbound policy allowing 127.0.0.1, where it and the tests' other servers listen)."""
+    settings.OUTBOUND_ALLOW = ["127.0.0.1"]
     settings.S3_ENDPOINT_URL = s3_server.endpoint
     settings.S3_ACCESS_KEY_ID = s3_server.key
     settings.S3_SECRET_ACCESS_KEY = s3_server.secret

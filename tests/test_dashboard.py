@@ -259,7 +259,9 @@ def test_an_admin_revokes_a_token(project, admin):
     assert Event.objects.get(type="token.revoked").actor == "user:ada"
 
 
-def test_an_admin_adds_a_storage_target_and_a_launch_profile(project, admin):
+def test_an_admin_adds_a_storage_target_and_a_launch_profile(project, admin, settings):
+    settings.OUTBOUND_ALLOW = ["127.0.0.1:8333"]
+    settings.S3_CREDENTIALS_REFS = ["S3_BACKUP=alpha"]
     client = as_user(admin)
     response = client.post(
         "/p/alpha/settings/storage/",

@@ -318,9 +318,11 @@ def test_a_verified_checkpoint_is_queued_for_replication(api, token, project, ro
 
 
 def test_the_api_lists_replicas_with_presigned_urls_a_plain_client_can_use(
-    api, read_token, token, project, root, s3, tmp_path
+    api, read_token, token, project, root, s3, tmp_path, settings
 ):
     from lifeboat.download import download_files
+
+    settings.S3_CREDENTIALS_REFS = ["LB_SECRET_NAME=alpha"]
 
     data = os.urandom(300_000)
     checkpoint = make_checkpoint(project, root, 5, {"model.pt": data})

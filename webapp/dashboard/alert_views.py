@@ -62,10 +62,13 @@ class AlertChannelForm(forms.ModelForm):
         if kind == ChannelKind.WEBHOOK:
             # Not Django's URLValidator: it refuses single-label hosts, and a self-hosted
             # chat server is often one (http://mattermost:8065/hooks/...).
+            # A host DNS cannot resolve now is accepted: every delivery checks again.
             try:
                 outbound.check(target, what="The webhook URL")
-            except (outbound.OutboundRefused, outbound.OutboundUnresolvable) as exc:
+            except outbound.OutboundRefused as exc:
                 self.add_error("target", str(exc))
+            except outbound.OutboundUnresolvable:
+                pass
             data["target"] = target
         else:
             addresses = [a.strip() for a in target.split(",") if a.strip()]

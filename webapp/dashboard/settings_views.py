@@ -68,7 +68,7 @@ class StorageTargetForm(forms.ModelForm):
     def clean_endpoint_url(self):
         url = self.cleaned_data.get("endpoint_url") or ""
         try:
-            storage_access.check_endpoint(url)
+            storage_access.check_endpoint(url, saving=True)
         except storage_access.TargetRefused as exc:
             raise ValidationError(str(exc)) from None
         return url

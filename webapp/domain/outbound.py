@@ -129,15 +129,17 @@ def check(url: str, *, what: str = "this URL") -> Destination:
     private address is refused). Raises OutboundUnresolvable when DNS has no answer."""
     text = (url or "").strip()
     if any(c.isspace() or ord(c) < 32 for c in text):
-        raise OutboundRefused(f"{what} contains spaces or control characters.")
+        raise OutboundRefused(
+            f"{what} contains spaces or control characters: give an http:// or https:// URL."
+        )
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https"):
-        raise OutboundRefused(f"{what} must start with http:// or https://.")
+        raise OutboundRefused(f"{what} must be an http:// or https:// URL.")
     if parts.username is not None or parts.password is not None:
         raise OutboundRefused(f"{what} must not carry a user name or password (user@host).")
     host = (parts.hostname or "").rstrip(".")
     if not host:
-        raise OutboundRefused(f"{what} has no host.")
+        raise OutboundRefused(f"{what} has no host: give an http:// or https:// URL.")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from webapp.domain import outbound
 
@@ -85,8 +87,10 @@ def check_credentials_ref(project_slug: str, ref: str) -> None:
         )
 
 
-def check_endpoint(url: str) -> None:
-    """Refuse an endpoint the outbound policy refuses (raises TargetRefused)."""
+def check_endpoint(url: str, *, saving: bool = False) -> None:
+    """Refuse an endpoint the outbound policy refuses (TargetRefused). A host DNS cannot
+    resolve now is accepted when saving (it is checked again on use) and is a
+    ConnectionError on use, which the callers retry like any unreachable target."""
     if not url:
         return
     now = time.monotonic()
@@ -95,16 +99,22 @@ def check_endpoint(url: str) -> None:
             return
     try:
         outbound.check(url, what="The S3 endpoint URL")
-    except (outbound.OutboundRefused, outbound.OutboundUnresolvable) as exc:
+    except outbound.OutboundRefused as exc:
         raise TargetRefused(str(exc)) from None
+    except outbound.OutboundUnresolvable as exc:
+        if saving:
+            return
+        raise ConnectionError(str(exc)) from None
     with _checked_lock:
         _checked[url] = now + ENDPOINT_CHECK_TTL_S
 
 
-def forget_checked_endpoints() -> None:
-    """For tests and settings changes: check every endpoint again on next use."""
-    with _checked_lock:
-        _checked.clear()
+@receiver(setting_changed)
+def forget_checked_endpoints(setting=None, **kwargs) -> None:
+    """When the outbound allowances change (tests), check every endpoint again."""
+    if setting in (None, "OUTBOUND_ALLOW"):
+        with _checked_lock:
+            _checked.clear()
 
 
 def target_access(target) -> TargetAccess:
