@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -272,6 +273,9 @@ def start_s3(env: dict[str, str]):
     env.setdefault("S3_ACCESS_KEY_ID", "lifeboat")
     env.setdefault("S3_SECRET_ACCESS_KEY", "lifeboat-secret")
     env["S3_ENDPOINT_URL"] = "http://127.0.0.1:8333"
+    # Storage targets a user adds may name this local store; nothing else on loopback
+    # or the local network is allowed (webapp/domain/outbound.py).
+    env.setdefault("LIFEBOAT_OUTBOUND_ALLOW", "127.0.0.1:8333")
     (VAR / "s3").mkdir(parents=True, exist_ok=True)
     # Without AWS_* keys `weed mini` accepts any key; with them it would create a user
     # from them (and keep a real AWS secret under var/s3).
@@ -389,6 +393,18 @@ def prepare_database(env: dict[str, str]) -> dict[str, str]:
     return creds
 
 
+def binds_loopback_only(bind: str) -> bool:
+    """True when HOST:PORT listens on a loopback address only (not 0.0.0.0, not a LAN
+    address): then only this machine can reach the web server."""
+    host = bind.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def local_address(bind: str) -> tuple[str, int]:
     """Where this machine reaches gunicorn's bind address (HOST:PORT)."""
     host, _, port = bind.rpartition(":")
@@ -486,6 +502,10 @@ def run_stack() -> None:
     ensure_port_free(host, port, "web; LIFEBOAT_BIND=HOST:PORT picks another")
     url = f"http://{host}:{port}"
     env.setdefault("SITE_URL", url)
+    # /metrics lists every project's run keys: open without a token only when the web
+    # server listens on this machine alone.
+    if not env.get("METRICS_TOKEN") and binds_loopback_only(bind):
+        env.setdefault("METRICS_PUBLIC", "1")
     # Redis and S3 take a few seconds to come up: migrate meanwhile.
     redis_ready = start_redis(env)
     s3_ready = start_s3(env)

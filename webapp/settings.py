@@ -139,9 +139,9 @@ STATIC_ROOT = Path(env_str("STATIC_ROOT", str(VAR_DIR / "static")))
 
 # --- Web security ----------------------------------------------------------------------
 # Behind TLS (docs/deployment.md, "Behind TLS"): cookies only over https, HSTS, and the
-# proxy's header that says the request came over https. All off by default, for
-# `make run` on http://127.0.0.1.
-SECURE_COOKIES = env_bool("SECURE_COOKIES", False)
+# proxy's header that says the request came over https. Secure cookies are on by default
+# with DEBUG off; everything else is off by default (`make run` serves http://127.0.0.1).
+SECURE_COOKIES = env_bool("SECURE_COOKIES", not DEBUG)
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", SECURE_COOKIES)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", SECURE_COOKIES)
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
