@@ -30,6 +30,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -81,6 +82,9 @@ def main() -> int:
     os.environ.setdefault("S3_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("S3_SECRET_ACCESS_KEY", "bench-secret")
     os.environ["S3_ENDPOINT_URL"] = args.endpoint
+    # The targets made below name this endpoint; the outbound policy refuses loopback and
+    # private endpoints unless the deployment allows them (webapp/domain/outbound.py).
+    os.environ.setdefault("LIFEBOAT_OUTBOUND_ALLOW", urlsplit(args.endpoint).netloc)
     setup_django(work / "var")
 
     import boto3
