@@ -306,3 +306,28 @@ def test_the_deployment_keys_can_be_kept_from_a_project(project, s3, settings):
     target.refresh_from_db()
     with pytest.raises(storage_access.TargetRefused, match="not configured on this worker"):
         targets.client_for(target)
+
+
+def test_the_connection_goes_to_the_checked_address_with_the_host_name_kept(receivers):
+    """No second DNS lookup after the check: the connection is made to the address the
+    check returned, whatever the name would resolve to now (here: nothing at all, .invalid
+    never resolves), and the name still goes in the Host header."""
+    from webapp.domain import outbound, webhook_delivery
+
+    receiver = receivers()
+    checked = outbound.Destination(
+        scheme="http",
+        host="hook.lifeboat.invalid",
+        port=receiver.port,
+        address="127.0.0.1",
+        target="/hooks/x",
+    )
+    conn = webhook_delivery._connection(checked, timeout=5)
+    try:
+        conn.request("POST", checked.target, body=b"{}")
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+    (request,) = receiver.requests
+    assert request["host"] == f"hook.lifeboat.invalid:{receiver.port}"
+    assert request["path"] == "/hooks/x"
