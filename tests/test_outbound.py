@@ -331,3 +331,25 @@ def test_the_connection_goes_to_the_checked_address_with_the_host_name_kept(rece
     (request,) = receiver.requests
     assert request["host"] == f"hook.lifeboat.invalid:{receiver.port}"
     assert request["path"] == "/hooks/x"
+
+
+def test_a_copy_to_a_refused_endpoint_fails_at_once_with_a_clear_message(
+    project, tmp_path, settings, queues
+):
+    """Through the real replicate task: no retry loop against an address that will be
+    refused every time, and the reason is in the replica and the run's event log."""
+    from tests.test_replication import make_checkpoint, replicate_now
+
+    settings.OUTBOUND_ALLOW = []
+    project.allowed_roots = [str(tmp_path)]
+    project.save()
+    StorageTarget.objects.create(
+        project=project, name="meta", bucket="b", endpoint_url="http://169.254.169.254"
+    )
+    checkpoint = make_checkpoint(project, tmp_path, 1, {"model.pt": b"x" * 1000})
+    (replica,) = replicate_now(checkpoint)
+    assert (replica.status, replica.attempts) == ("failed", 1)
+    assert replica.last_error.startswith("Not copied: The S3 endpoint URL points at ")
+    assert "link-local address" in replica.last_error
+    (failed,) = Event.objects.filter(type="replica.failed", run=checkpoint.run)
+    assert "LIFEBOAT_OUTBOUND_ALLOW" in failed.message
