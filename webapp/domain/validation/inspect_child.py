@@ -16,7 +16,8 @@ directory checked, then torch.load(weights_only=True, mmap=True); safetensors fi
 their header validated against the format and the file length, then are mapped; DCP
 directories get their .metadata read and every shard it names checked for presence and
 length; HF Trainer indexes and trainer_state.json are parsed and every indexed shard
-must be present. Every tensor read is counted and scanned for NaN, Inf and all-zero.
+must be present. Every tensor read is counted and scanned for NaN, Inf and all-zero, and
+what a finding means depends on where the tensor lives (tensor_places).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import sys
 import time
 import zipfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -47,13 +48,7 @@ from webapp.domain.validation.checkpoint_walk import walk
 from webapp.domain.validation.content_findings import AllZero, NonFinite, value_findings
 from webapp.domain.validation.content_findings import plural as _plural
 from webapp.domain.validation.pickle_policy import numpy_data_objects, split_globals
-from webapp.domain.validation.tensor_places import (
-    BOOKKEEPING,
-    MODEL,
-    optimizer_roots,
-    role_of,
-    under_optimizer_state,
-)
+from webapp.domain.validation.tensor_places import BOOKKEEPING, MODEL, dcp_roles, role_of
 
 # Must match inspector.EXIT_OUT_OF_MEMORY (a test checks that they agree).
 EXIT_OUT_OF_MEMORY = 3
@@ -931,7 +926,8 @@ def scan_dcp_tensors(base: str, root: str, metadata, meta_rel: str, report: Repo
             totals[2] = totals[2] and all_zero
     finally:
         shard.close()
-    roles = dcp_roles(metadata, meta_rel)
+    planner = getattr(metadata, "planner_data", None)
+    roles = dcp_roles(meta_rel, list(metadata.state_dict_metadata), planner)
     for fqn, (nan, inf, all_zero) in stats.items():
         size = list(metadata.state_dict_metadata[fqn].size)
         role = roles(fqn, math.prod(size))
@@ -946,25 +942,6 @@ def scan_dcp_tensors(base: str, root: str, metadata, meta_rel: str, report: Repo
             f"{_plural(skipped, 'DCP chunk was', 'DCP chunks were')} not scanned for NaN "
             "(transformed, unsafe, or unreadable)",
         )
-
-
-def dcp_roles(metadata, meta_rel: str) -> Callable[[str, int], str]:
-    """A DCP tensor's role (tensor_places), from the path that DCP flattened into its fqn:
-    the planner data keeps it as a tuple of keys (("optim", "state", 0, "exp_avg"));
-    without it, the fqn's dotted parts stand in."""
-    planner = getattr(metadata, "planner_data", None)
-    planner = planner if isinstance(planner, dict) else {}
-    paths = {
-        fqn: path if isinstance(path, tuple) and path else tuple(str(fqn).split("."))
-        for fqn, path in ((f, planner.get(f)) for f in metadata.state_dict_metadata)
-    }
-    roots = optimizer_roots(paths.values())
-
-    def role(fqn: str, numel: int) -> str:
-        path = paths.get(fqn) or tuple(fqn.split("."))
-        return role_of(meta_rel, path, numel, in_optimizer_state=under_optimizer_state(path, roots))
-
-    return role
 
 
 class ShardReader:

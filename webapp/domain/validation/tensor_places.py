@@ -21,7 +21,7 @@ This module is pure Python (no torch), so the rule can be read and tested on its
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 
 MODEL = "model"
@@ -159,3 +159,23 @@ def under_optimizer_state(path: Sequence[str | int], roots: set[tuple]) -> bool:
     """Whether `path` passes through the `state` of one of the optimizer state dicts at
     `roots` (see optimizer_roots)."""
     return any(step == "state" and tuple(path[:i]) in roots for i, step in enumerate(path))
+
+
+def dcp_roles(file: str, fqns: list[str], planner) -> Callable[[str, int], str]:
+    """role(fqn, numel) for the tensors of one DCP checkpoint (`file` its .metadata). DCP
+    flattens nested state into dotted fqns; its planner data keeps each one's path as a
+    tuple of keys (("optim", "state", 0, "exp_avg")), which is used; without it, the
+    fqn's dotted parts stand in."""
+    planner = planner if isinstance(planner, dict) else {}
+    paths = {}
+    for fqn in fqns:
+        path = planner.get(fqn)
+        paths[fqn] = path if isinstance(path, tuple) and path else tuple(str(fqn).split("."))
+    roots = optimizer_roots(paths.values())
+
+    def role(fqn: str, numel: int) -> str:
+        path = paths.get(fqn) or tuple(fqn.split("."))
+        in_state = under_optimizer_state(path, roots)
+        return role_of(file, path, numel, in_optimizer_state=in_state)
+
+    return role
