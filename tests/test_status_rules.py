@@ -320,3 +320,26 @@ def test_a_pickle_is_never_unpickled_with_arbitrary_globals(tmp_path):
         pickle_policy.numpy_data_objects(["numpy.random._pickle.__randomstate_ctor"])
     data = pickle.dumps(np.random.RandomState(0))
     assert b"__randomstate_ctor" in data  # what the test above relies on
+
+
+def test_numpy_data_beside_a_malicious_object_loads_and_the_object_never_runs(
+    api, token, root, tmp_path
+):
+    class CopyOnLoad:
+        def __reduce__(self):
+            return (shutil.copyfile, (__file__, str(victim)))
+
+    victim = tmp_path / "pwned"
+    weights = small_state_dict()
+    weights["fc.weight"][0, 0] = math.nan
+    state = {"model": weights, "rng": np.random.get_state(), "payload": CopyOnLoad()}
+
+    checkpoint = check(report(api, token, save(root / "step-1", state)))
+
+    assert not victim.exists()
+    assert checkpoint.status == "corrupt"  # the tensors were still read, the NaN found
+    assert findings(checkpoint, "nan_or_inf")[0]["tensors"] == ["model.pt:model/fc.weight"]
+    [unsafe] = findings(checkpoint, "unsafe_pickle")
+    assert unsafe["severity"] == "suspicious"
+    assert "shutil.copyfile" in unsafe["message"]
+    assert "numpy" not in unsafe["message"]  # numpy's arrays were data, not stubbed
