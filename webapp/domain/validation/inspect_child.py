@@ -16,7 +16,8 @@ directory checked, then torch.load(weights_only=True, mmap=True); safetensors fi
 their header validated against the format and the file length, then are mapped; DCP
 directories get their .metadata read and every shard it names checked for presence and
 length; HF Trainer indexes and trainer_state.json are parsed and every indexed shard
-must be present. Every tensor read is counted and scanned for NaN, Inf and all-zero.
+must be present. Every tensor read is counted and scanned for NaN, Inf and all-zero, and
+what a finding means depends on where the tensor lives (tensor_places).
 """
 
 from __future__ import annotations
@@ -43,29 +44,22 @@ from pathlib import PurePosixPath
 
 import torch
 
+from webapp.domain.validation.checkpoint_walk import walk
+from webapp.domain.validation.content_findings import AllZero, NonFinite, value_findings
+from webapp.domain.validation.content_findings import plural as _plural
+from webapp.domain.validation.pickle_policy import numpy_data_objects, split_globals
+from webapp.domain.validation.tensor_places import BOOKKEEPING, MODEL, dcp_roles, role_of
+
 # Must match inspector.EXIT_OUT_OF_MEMORY (a test checks that they agree).
 EXIT_OUT_OF_MEMORY = 3
 
 TORCH_SUFFIXES = (".pt", ".pth", ".ckpt")
-# Globals of training libraries that their own checkpoints carry (see
-# load_around_unsafe_globals); anything else needing code to load stays suspicious.
-EXPECTED_GLOBAL_PREFIXES = (
-    "transformers.",
-    "accelerate.",
-    "numpy.",
-    "lightning.",
-    "pytorch_lightning.",
-    "lightning_fabric.",
-    "argparse.Namespace",
-    "omegaconf.",
-)
 # `.bin` is any binary (DeepSpeed, custom formats); only these names promise torch.save.
 TORCH_BIN_NAMES = ("pytorch_model", "training_args")
 ZIP_MAGIC = b"PK\x03\x04"
 # A legacy (pre-1.6) torch.save file starts with the pickled magic number 0x1950a86a20f9469cfc6c.
 LEGACY_TORCH_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
 SAFETENSORS_HEADER_LIMIT = 100_000_000  # the safetensors library refuses larger headers
-MESSAGE_NAMES = 5  # tensors named in a message; the finding's "tensors" holds them all
 CHUNK_ELEMENTS = 1 << 24  # for dtypes scanned through a float32 copy, a bounded one
 # What a job may write as its format hint, and the format name it means.
 FORMAT_ALIASES = {
@@ -96,8 +90,8 @@ class Report:
     dtypes: Counter = field(default_factory=Counter)
     keys: dict[str, list] = field(default_factory=dict)
     findings: list[dict] = field(default_factory=list)
-    nonfinite: list[tuple[str, int, int]] = field(default_factory=list)  # name, NaN, Inf
-    zero: list[tuple[str, list[int]]] = field(default_factory=list)
+    nonfinite: list[NonFinite] = field(default_factory=list)
+    zero: list[AllZero] = field(default_factory=list)
     load_s: float = 0.0
     scan_s: float = 0.0
 
@@ -144,45 +138,8 @@ class Report:
         return "unknown"
 
     def _summarise_content(self) -> None:
-        """One finding for all NaN/Inf tensors and one for all-zero weights: a person
-        reads one line per problem, not one per tensor."""
-        if self.nonfinite:
-            parts = [_describe_nonfinite(name, nan, inf) for name, nan, inf in self.nonfinite]
-            n = len(parts)
-            self.add(
-                "corrupt",
-                "nan_or_inf",
-                f"{_plural(n, 'tensor holds', 'tensors hold')} NaN or Inf values: "
-                + _named_list(parts),
-                tensors=[name for name, _, _ in self.nonfinite],
-            )
-        if self.zero:
-            parts = [f"{name} ({'×'.join(map(str, shape))})" for name, shape in self.zero]
-            n = len(parts)
-            self.add(
-                "suspicious",
-                "all_zero",
-                f"{_plural(n, 'weight tensor is', 'weight tensors are')} entirely zero: "
-                + _named_list(parts)
-                + " (zero vectors such as biases are not counted: they often start at zero)",
-                tensors=[name for name, _ in self.zero],
-            )
-
-
-def _describe_nonfinite(name: str, nan: int, inf: int) -> str:
-    counts = [f"{nan} NaN" if nan else "", f"{inf} Inf" if inf else ""]
-    return f"{name} ({', '.join(c for c in counts if c)})"
-
-
-def _plural(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
-
-
-def _named_list(parts: list[str]) -> str:
-    shown = ", ".join(parts[:MESSAGE_NAMES])
-    if len(parts) > MESSAGE_NAMES:
-        shown += f" and {len(parts) - MESSAGE_NAMES} more"
-    return shown
+        """NaN/Inf and all-zero findings, by where each value lives (content_findings)."""
+        self.findings.extend(value_findings(self.nonfinite, self.zero))
 
 
 # --------------------------------------------------------------------------- scanning
@@ -244,13 +201,15 @@ class Scanner:
         self.report = report
         self._seen: dict[tuple, tuple[int, int, bool]] = {}
 
-    def tensor(self, name: str, t: torch.Tensor) -> None:
+    def tensor(self, name: str, t: torch.Tensor, role: str = MODEL) -> None:
         shape = list(t.shape)
         self.report.count(name, dtype_name(t.dtype), shape)
         if scannable(t):
-            self.values(name, t)
+            self.values(name, t, role)
 
-    def values(self, name: str, t: torch.Tensor, *, weight_like: bool | None = None) -> None:
+    def values(self, name: str, t: torch.Tensor, role: str = MODEL) -> None:
+        """Scans `t` and records NaN/Inf with the value's role (tensor_places); an all-zero
+        matrix (two or more dimensions) only for model weights and optimizer state."""
         started = time.perf_counter()
         identity = (
             t.untyped_storage().data_ptr(),
@@ -263,36 +222,10 @@ class Scanner:
             self._seen[identity] = scan_values(t)
         nan, inf, all_zero = self._seen[identity]
         if nan or inf:
-            self.report.nonfinite.append((name, nan, inf))
-        if weight_like is None:
-            weight_like = t.dim() >= 2 and t.numel() > 1
-        if all_zero and weight_like:
-            self.report.zero.append((name, list(t.shape)))
+            self.report.nonfinite.append(NonFinite(name, nan, inf, role))
+        if all_zero and role != BOOKKEEPING and t.dim() >= 2 and t.numel() > 1:
+            self.report.zero.append(AllZero(name, list(t.shape), role))
         self.report.scan_s += time.perf_counter() - started
-
-
-def walk_tensors(obj, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor in nested dicts/lists/tuples, named `prefix` + dotted path; other
-    values are skipped. Iterative, in insertion order, and safe against containers that
-    hold themselves (a pickle can build those)."""
-    stack: list[tuple[str, object]] = [("", obj)]
-    seen: set[int] = set()
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, torch.Tensor):
-            yield prefix + path, value
-            continue
-        if isinstance(value, dict):
-            items = [(str(k), v) for k, v in value.items()]
-        elif isinstance(value, list | tuple):
-            items = [(str(i), v) for i, v in enumerate(value)]
-        else:
-            continue
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
-        for key, child in reversed(items):
-            stack.append((f"{path}.{key}" if path else key, child))
 
 
 # --------------------------------------------------------------------------- torch files
@@ -477,38 +410,40 @@ def inspect_torch_file(full: str, rel: str, size: int, head: bytes, report: Repo
     if is_lightning(obj):
         report.formats.add("lightning")
     scanner = Scanner(report)
-    for name, tensor in walk_tensors(obj, f"{rel}:"):
-        scanner.tensor(name, tensor)
+    for found in walk(obj, rel):
+        scanner.tensor(found.name, found.tensor, found.role)
 
 
 def load_around_unsafe_globals(full: str, rel: str, is_zip: bool, names: list[str], report):
-    """weights_only refused the file for the globals `names`. Report them, and load the
-    file once more with each of them replaced by an inert Placeholder, so that its tensors
-    are still scanned. Returns the loaded object, or None when even that is refused."""
+    """weights_only refused the file for the globals `names`. Load it once more as
+    pickle_policy says: numpy's data globals as the real numpy objects (arrays are data),
+    every other global replaced by an inert Placeholder, so that the tensors are still
+    scanned; report the replaced ones (info for library classes, suspicious for the
+    rest). Returns the loaded object, or None when even that is refused."""
+    numpy_data, library, other = split_globals(names)
+    real = numpy_data_objects(numpy_data)
+    stubbed = library + other
     started = time.perf_counter()
     obj = None
     for kind in (Placeholder, DictPlaceholder):
         try:
-            obj = load_torch(full, is_zip, placeholders_for(names, kind))
+            obj = load_torch(full, is_zip, real + placeholders_for(stubbed, kind))
             break
         except Exception as exc:  # the finding below says it was not scanned
             raise_if_out_of_memory(exc)
     report.load_s += time.perf_counter() - started
+    if obj is not None and not stubbed:
+        return obj  # numpy arrays only: plain data
     outcome = (
         "its tensors were scanned with those objects left out"
         if obj is not None
         else "its tensors could not be scanned"
     )
-    # HF Trainer writes TrainingArguments and numpy RNG states, Lightning an AttributeDict
-    # of hyper-parameters: every real checkpoint of theirs needs such globals. When all of
-    # them come from these libraries and the tensors were still read (with the objects
-    # stubbed out, never run), that is normal, not suspicious.
-    expected = obj is not None and all(n.startswith(EXPECTED_GLOBAL_PREFIXES) for n in names)
     report.add(
-        "info" if expected else "suspicious",
+        "info" if obj is not None and not other else "suspicious",
         "unsafe_pickle",
-        f"{rel} is not loadable safely: it needs the globals {', '.join(names)}, which "
-        f"Lifeboat never executes ({outcome})",
+        f"{rel} is not loadable safely: it needs the globals {', '.join(stubbed or names)}, "
+        f"which Lifeboat never executes ({outcome})",
         rel,
     )
     return obj
@@ -722,7 +657,7 @@ def _scan_safetensors_entry(entry, mapped, data_start: int, rel: str, scanner: S
         mapped, dtype=torch_dtype, count=math.prod(entry.shape), offset=data_start + entry.begin
     ).view(entry.shape)
     if scannable(tensor):
-        scanner.values(name, tensor)
+        scanner.values(name, tensor, role_of(rel, (entry.name,), tensor.numel()))
     del tensor
 
 
@@ -991,12 +926,15 @@ def scan_dcp_tensors(base: str, root: str, metadata, meta_rel: str, report: Repo
             totals[2] = totals[2] and all_zero
     finally:
         shard.close()
+    planner = getattr(metadata, "planner_data", None)
+    roles = dcp_roles(meta_rel, list(metadata.state_dict_metadata), planner)
     for fqn, (nan, inf, all_zero) in stats.items():
         size = list(metadata.state_dict_metadata[fqn].size)
+        role = roles(fqn, math.prod(size))
         if nan or inf:
-            report.nonfinite.append((f"{meta_rel}:{fqn}", nan, inf))
-        if all_zero and len(size) >= 2 and math.prod(size) > 1:
-            report.zero.append((f"{meta_rel}:{fqn}", size))
+            report.nonfinite.append(NonFinite(f"{meta_rel}:{fqn}", nan, inf, role))
+        if all_zero and role != BOOKKEEPING and len(size) >= 2 and math.prod(size) > 1:
+            report.zero.append(AllZero(f"{meta_rel}:{fqn}", size, role))
     if skipped:
         report.add(
             "info",

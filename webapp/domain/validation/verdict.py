@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ValidationStatus
 from webapp.domain.validation.integrity import Finding
+from webapp.domain.validation.tensor_places import dotted
 
 # A checkpoint this much smaller than the run's usual size is probably cut short.
 TRUNCATION_RATIO = 0.5
@@ -39,6 +40,11 @@ def _single_file(keys: dict) -> str | None:
     return files.pop() if len(files) == 1 else None
 
 
+def _comparable(key: str) -> str:
+    """`<file>:<path>`, or the path alone once file names were set aside, dotted."""
+    return dotted(key) if ":" in key else dotted(":" + key)[1:]
+
+
 def compare_keys(current: dict, previous: dict, previous_step: int) -> list[Finding]:
     """Keys added, removed or reshaped since the run's previous verified checkpoint."""
     if not current or not previous:
@@ -49,9 +55,16 @@ def compare_keys(current: dict, previous: dict, previous_step: int) -> list[Find
         # under another file name are not a change.
         current = {key.split(":", 1)[1]: value for key, value in current.items()}
         previous = {key.split(":", 1)[1]: value for key, value in previous.items()}
-    added = sorted(set(current) - set(previous))
-    removed = sorted(set(previous) - set(current))
-    reshaped = sorted(k for k in set(current) & set(previous) if current[k] != previous[k])
+    # Compared in the dotted form, which names stored before tensors were named by their
+    # path (`state.0.exp_avg`, not `state/0/exp_avg`) share with names made now; each
+    # side is shown under its own names.
+    now = {_comparable(k): k for k in current}
+    then = {_comparable(k): k for k in previous}
+    added = sorted(now[d] for d in now.keys() - then.keys())
+    removed = sorted(then[d] for d in then.keys() - now.keys())
+    reshaped = sorted(
+        now[d] for d in now.keys() & then.keys() if current[now[d]] != previous[then[d]]
+    )
     findings = []
     for names, what in (
         (removed, "removed"),
@@ -63,7 +76,7 @@ def compare_keys(current: dict, previous: dict, previous_step: int) -> list[Find
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         if what == "changed shape or dtype":
             k = names[0]
-            shown += f" (e.g. {k}: {previous[k]} → {current[k]})"
+            shown += f" (e.g. {k}: {previous[then[_comparable(k)]]} → {current[k]})"
         findings.append(
             Finding(
                 "suspicious",
