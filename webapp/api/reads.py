@@ -445,9 +445,15 @@ class ResumeOut(Schema):
         return resume.new_run.key if resume.new_run_id else None
 
     @staticmethod
-    def resolve_output(resume) -> str:
+    def resolve_output(resume, context) -> str:
+        """The end of the job's output, secrets redacted, for tokens with the operate
+        scope only (a job's output may hold what no reader should see); else empty."""
         from webapp.domain.resume import output_tail
 
+        request = (context or {}).get("request")
+        auth = getattr(request, "auth", None)
+        if auth is None or not auth.allows("operate"):
+            return ""
         return output_tail(resume)
 
 
