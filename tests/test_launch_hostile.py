@@ -19,7 +19,6 @@ from tests.test_dashboard import as_user, make_checkpoint, make_run, member
 from tests.test_slurm import slurm_cluster  # noqa: F401 (a fixture, asked for by name)
 from webapp.domain import alerts
 from webapp.domain import resume as resumes
-from webapp.domain.launch import template as templates
 from webapp.domain.models import (
     ApiToken,
     Checkpoint,
@@ -45,8 +44,9 @@ POSITIONS = (
 )
 
 
-def hostile_values(marker) -> list[str]:
-    m = str(marker)
+def hostile_values(m: str) -> list[str]:
+    """Run keys that try every way out; `m` is the marker file that no job may create
+    (relative: the jobs run in the test's folder)."""
     return [
         f"x$(touch {m}-1)",
         f"x`touch {m}-2`y",
@@ -105,7 +105,7 @@ def test_hostile_values_in_every_placeholder_and_position_stay_data(
     if kind == "slurm":
         request.getfixturevalue("slurm_cluster")
     settings.VAR_DIR = tmp_path / "var"
-    marker = tmp_path / "pwned"
+    marker = "pwned"
     (tmp_path / "a").write_text("a glob would find me")
     profile = LaunchProfile.objects.create(
         project=project, name="positions", kind=kind, command_template=POSITIONS,
@@ -200,11 +200,15 @@ REFUSED = [
 
 @pytest.mark.parametrize(("template", "command"), ACCEPTED)
 def test_placeholders_become_references_to_the_jobs_variables(template, command):
+    from webapp.domain.launch import template as templates
+
     assert templates.render(template) == command
 
 
 @pytest.mark.parametrize(("template", "why"), REFUSED)
 def test_placeholders_where_no_value_can_be_made_safe_are_refused(template, why):
+    from webapp.domain.launch import template as templates
+
     with pytest.raises(templates.TemplateRefused, match=None) as refused:
         templates.render(template)
     assert why in str(refused.value)
