@@ -117,16 +117,16 @@ def test_hostile_values_in_every_placeholder_and_position_stay_data(
         Checkpoint.objects.filter(pk=checkpoint.pk).update(location=location)
         checkpoint.refresh_from_db()
         resume = resumes.request(checkpoint, profile, actor="test")
-        assert value not in resume.command and "touch" not in resume.command
         # Started directly: these paths are not on this machine (preparing would refuse).
         resume.status = "launching"
         resume.save()
         resumes.start(resume)
         done = follow_until_done(resume.pk)
+        assert not list(tmp_path.glob("pwned*")), value
         assert done.status == "succeeded", (done.error, done.output)
         args = (tmp_path / "args.bin").read_bytes().decode().split("\0")[:-1]
         assert args == expected_args(done, location, location)
-        assert not list(tmp_path.glob("pwned*")), value
+        assert value not in resume.command and "touch" not in resume.command
         assert done.token.revoked_at is not None
 
 
@@ -151,12 +151,12 @@ def test_a_run_key_reported_over_the_api_cannot_run_code_on_the_worker(
     )  # fmt: skip
     answer = api.post(token, f"/checkpoints/{checkpoint.pk}/resume", {"profile": "dq"})
     assert answer.status_code == 202, answer.content
-    assert answer.json()["command"] == 'echo "resuming ${LIFEBOAT_RUN_KEY}" > said.txt'
     launch_resume(answer.json()["id"])
     done = follow_until_done(answer.json()["id"])
+    assert not marker.exists()
     assert done.status == "succeeded", (done.error, done.output)
     assert (tmp_path / "said.txt").read_text() == f"resuming {key}\n"
-    assert not marker.exists()
+    assert answer.json()["command"] == 'echo "resuming ${LIFEBOAT_RUN_KEY}" > said.txt'
 
 
 ACCEPTED = [
@@ -258,6 +258,7 @@ def test_the_settings_form_refuses_such_a_template_and_an_old_profile_does_not_l
 
 
 # Left as they are in the worker: what sbatch and the test process themselves need.
+BASE = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ"}  # LAUNCH_BASE_ENV
 KEEP = ("SLURM", "SBATCH", "MUNGE", "PYTEST", "DJANGO", "PYTHON", "TEST_", "LD_")
 WORKER_SECRETS = {
     "S3_SECRET_ACCESS_KEY": "worker-s3-secret-0001",
@@ -276,7 +277,7 @@ def test_a_launched_job_sees_only_its_environment_and_its_token_is_narrow(
     # The launch worker's environment (this process): its secrets, and every other
     # variable marked, so that any value of the worker's found in the job is seen.
     for name, value in os.environ.items():
-        if name not in settings.LAUNCH_BASE_ENV and not name.startswith(KEEP):
+        if name not in BASE and not name.startswith(KEEP):
             monkeypatch.setenv(name, f"{value}-worker-mark")
     for name, value in WORKER_SECRETS.items():
         monkeypatch.setenv(name, value)
@@ -305,8 +306,7 @@ def test_a_launched_job_sees_only_its_environment_and_its_token_is_narrow(
     assert "-worker-mark" not in raw
     resume = Resume.objects.get(pk=resume_id)
     if kind == "local":  # exactly: the base, the profile's, Lifeboat's, and bash's own
-        allowed = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "EXTRA"}
-        allowed |= {"PWD", "SHLVL", "_", "OLDPWD"}
+        allowed = BASE | {"EXTRA", "PWD", "SHLVL", "_", "OLDPWD"}
         assert {n for n in env if n not in allowed and not n.startswith("LIFEBOAT_")} == set()
     # (A Slurm job also gets SLURM_* and, with an --export list, the submitting user's
     # login environment that slurmd builds on the node: not the worker's.)
