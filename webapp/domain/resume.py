@@ -342,6 +342,7 @@ def follow(resume) -> bool:
                         resume,
                         status=ResumeStatus.FAILED,
                         error="the process ended without an exit status (killed?)",
+                        output=output_tail(resume, 40),
                     )
                     return True
             except PermissionError:
