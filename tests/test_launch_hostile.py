@@ -450,3 +450,30 @@ def test_many_run_keys_failing_launch_a_bounded_number_of_jobs(
     late = Event.objects.filter(type="resume.skipped", message__contains="late-")
     assert late.count() == 2
     assert all("AUTO_RESUME_MAX_PER_HOUR=3" in e.message for e in late)
+
+
+def test_the_migration_moves_old_output_tails_out_of_the_error_redacted(project):
+    """Before 0009 a failed resume's error ended with the output tail, shown to viewers."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = (
+        [("domain", "0008_ingest_function_runs_by_key")],
+        [("domain", "0009_launch_resume_output_token")],
+    )
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    run = old.get_model("domain", "Run").objects.create(project_id=project.pk, key="r")
+    checkpoint = old.get_model("domain", "Checkpoint").objects.create(
+        project_id=project.pk, run=run, step=1, location="/data/1"
+    )
+    made = old.get_model("domain", "Resume").objects.create(
+        project_id=project.pk, run=run, checkpoint=checkpoint, status="failed",
+        error="the process exited with code 1\nAKIAIOSFODNN7EXAMPLE\npassword=hunter2hunter2",
+    )  # fmt: skip
+    executor = MigrationExecutor(connection)
+    executor.migrate(after)
+    resume = Resume.objects.get(pk=made.pk)
+    assert resume.error == "the process exited with code 1"
+    assert resume.output == "[redacted]\npassword=[redacted]"
