@@ -477,3 +477,23 @@ def test_the_migration_moves_old_output_tails_out_of_the_error_redacted(project)
     resume = Resume.objects.get(pk=made.pk)
     assert resume.error == "the process exited with code 1"
     assert resume.output == "[redacted]\npassword=[redacted]"
+
+
+def test_redaction_hides_known_secrets_and_keeps_training_logs(monkeypatch, tmp_path):
+    from webapp.domain.launch.redact import redact
+
+    monkeypatch.setenv("S3_BACKUP_SECRET_ACCESS_KEY", "worker-value-0123456789")
+    monkeypatch.chdir(tmp_path)
+    hidden = {
+        "SECRET_KEY=django-insecure-abc123": "SECRET_KEY=[redacted]",
+        "HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789": "HF_TOKEN=[redacted]",
+        'client_secret: "abc def"': "client_secret: [redacted]",
+        "GITHUB ghp_abcdefghijklmnopqrstuvwxyz0123456789": "GITHUB [redacted]",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----": "[redacted]",
+        "key worker-value-0123456789 printed": "key [redacted] printed",
+        "https://bob:s3cr3t@example.com/x": "https://bob:[redacted]@example.com/x",
+    }
+    for text, shown in hidden.items():
+        assert redact(text) == shown
+    kept = f"epoch 3 loss=0.25 max_tokens=512 tokens/s=1000 token_count: 9 in {tmp_path}"
+    assert redact(kept) == kept

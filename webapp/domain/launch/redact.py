@@ -5,9 +5,10 @@ that prints its config, `env`, a traceback with a URL): the tail shown to operat
 passes through redact() first. What it hides, each replaced by `[redacted]`:
 - Lifeboat tokens (`lb_` and 20+ URL-safe characters), AWS access key ids (AKIA/ASIA...),
   GitHub (ghp_ ...), Slack (xox.-) and Hugging Face (hf_) tokens;
-- the value of an assignment whose name says secret: `*secret*`, `*password*`,
-  `*passwd*`, `*token*`, `*api_key*`, `*access_key*`, `*private_key*`, `*credential*`
-  followed by `=` or `:` (env output, JSON, YAML, command lines);
+- the value of an assignment whose name ends in a word that says secret: `…secret`,
+  `…secret_key`, `…password`, `…passwd`, `…pwd`, `…token`, `…api_key`, `…access_key`,
+  `…private_key`, `…credentials`, followed by `=` or `:` (env output, JSON, YAML,
+  command lines); `max_tokens=512` or `token_count: 9` are left alone;
 - `Authorization:` headers and `Bearer`/`Basic` credentials;
 - the password of a URL (`scheme://user:password@host`);
 - PEM private key blocks;
@@ -22,9 +23,7 @@ import os
 import re
 
 MASK = "[redacted]"
-_SECRET_NAME = (
-    "(?:secret|passw(?:or)?d|pwd|token|api[_-]?key|access[_-]?key|private[_-]?key|credential)"  # noqa: E501, S105 (a pattern of names)
-)
+_SECRET_NAME = "(?:secret|secret[_-]?key|passw(?:or)?d|pwd|token|api[_-]?key|access[_-]?key|private[_-]?key|credentials?)"  # noqa: E501, S105 (a pattern of names)
 _PATTERNS = [
     (
         re.compile(
@@ -37,7 +36,7 @@ _PATTERNS = [
     (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*):[^/\s@]+@"), rf"\1:{MASK}@"),
     (
         re.compile(
-            rf"(?i)([A-Za-z0-9_.-]*{_SECRET_NAME}[A-Za-z0-9_.-]*[\"']?\s*[=:]\s*)"
+            rf"(?i)([A-Za-z0-9_.-]*{_SECRET_NAME}[\"']?\s*[=:]\s*)"
             r"(\"[^\"\n]*\"|'[^'\n]*'|[^\s,;]+)"
         ),
         rf"\1{MASK}",
@@ -48,7 +47,12 @@ _PATTERNS = [
     (re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"), MASK),
     (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), MASK),
 ]
-_SECRET_ENV = re.compile(rf"(?i){_SECRET_NAME}|_KEY$|^DATABASE_URL$|^REDIS_URL$|BROKER_URL")
+# This process's variables whose values are secrets (not PWD/OLDPWD: their values are
+# paths that a job's output shows for good reasons).
+_SECRET_ENV = re.compile(
+    r"(?i)secret|passw(?:or)?d|token|api_?key|access_?key|private_?key|credential|_KEY$"
+    r"|^DATABASE_URL$|^REDIS_URL$|BROKER_URL"
+)
 
 
 def _own_secrets() -> list[str]:
