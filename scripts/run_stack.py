@@ -73,8 +73,7 @@ if project is not None and not LaunchProfile.objects.filter(project=project).exi
         "--resume-from {{checkpoint_path}} --epochs 10",
         options={"workdir": os.environ["LB_ROOT"]},
     )
-    profile.full_clean()  # the template checks of the settings form
-    profile.save()
+    profile.full_clean(); profile.save()  # the settings form's checks of the template
 """
 FIND_DEMO_ACCESS = """
 import os

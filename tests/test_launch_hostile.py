@@ -159,61 +159,6 @@ def test_a_run_key_reported_over_the_api_cannot_run_code_on_the_worker(
     assert answer.json()["command"] == 'echo "resuming ${LIFEBOAT_RUN_KEY}" > said.txt'
 
 
-ACCEPTED = [
-    ("run {{run_key}}", 'run "${LIFEBOAT_RUN_KEY}"'),
-    ('run "{{run_key}}"', 'run "${LIFEBOAT_RUN_KEY}"'),
-    ("run --x={{step}}", 'run --x="${LIFEBOAT_STEP}"'),
-    ('run "--x={{step}} y"', 'run "--x=${LIFEBOAT_STEP} y"'),
-    ("X={{run_key}} run 2>&1 | tee log", 'X="${LIFEBOAT_RUN_KEY}" run 2>&1 | tee log'),
-    ("bash -c 'run \"$1\"' _ {{run_key}}", 'bash -c \'run "$1"\' _ "${LIFEBOAT_RUN_KEY}"'),
-    ("python train.py -c {{checkpoint_path}}", 'python train.py -c "${LIFEBOAT_CHECKPOINT_PATH}"'),
-    ('#SBATCH --time=1\nsrun run "{{step}}"', '#SBATCH --time=1\nsrun run "${LIFEBOAT_STEP}"'),
-    ('[ "{{step}}" -gt 0 ] && run', '[ "${LIFEBOAT_STEP}" -gt 0 ] && run'),
-]
-REFUSED = [
-    ("run '{{run_key}}'", "inside single quotes"),
-    ("run $'{{run_key}}'", "where nothing is expanded"),
-    ("run `echo {{run_key}}`", "inside `...`"),
-    ("run $(basename {{checkpoint_path}})", "inside $(...)"),
-    ('run "$(basename {{checkpoint_path}})"', "inside $(...)"),
-    ("run <(cat {{checkpoint_path}})", "inside $(...)"),
-    ("run ${X:-{{run_key}}}", "inside ${...}"),
-    ("run $(( {{step}} + 1 ))", "arithmetic"),
-    ("(( {{step}} > 1 )) && run", "arithmetic"),
-    ("[[ {{step}} -gt 1 ]] && run", "inside [[ ... ]]"),
-    ("a[{{step}}]=1", "array subscript"),
-    ("run # {{run_key}}", "comment"),
-    ("#SBATCH --job-name={{new_run_key}}\nrun", "#SBATCH"),
-    ("cat <<EOF\n{{run_key}}\nEOF", "here-document"),
-    ("eval run {{run_key}}", "eval runs its arguments"),
-    ('bash -c "run {{run_key}}"', "bash -c runs that argument as code"),
-    ('srun bash -o pipefail -lc "run {{run_key}}"', "bash -lc runs"),
-    ('python3 -c "print({{step}})"', "python3 -c runs"),
-    ('su someone -c "run {{run_key}}"', "su -c runs"),
-    ("ssh node1 run {{run_key}}", "ssh runs its arguments"),
-    ("run ${{run_key}}", "not where bash reads a word"),
-    ("run \\{{run_key}}", "not where bash reads a word"),
-    ('run "{{run_key}}', "leaves a double quote open"),
-    ("run {{checkpoint}}", "unknown placeholder {{checkpoint}}"),
-]
-
-
-@pytest.mark.parametrize(("template", "command"), ACCEPTED)
-def test_placeholders_become_references_to_the_jobs_variables(template, command):
-    from webapp.domain.launch import template as templates
-
-    assert templates.render(template) == command
-
-
-@pytest.mark.parametrize(("template", "why"), REFUSED)
-def test_placeholders_where_no_value_can_be_made_safe_are_refused(template, why):
-    from webapp.domain.launch import template as templates
-
-    with pytest.raises(templates.TemplateRefused, match=None) as refused:
-        templates.render(template)
-    assert why in str(refused.value)
-
-
 def test_the_settings_form_refuses_such_a_template_and_an_old_profile_does_not_launch(
     project, api, token
 ):
@@ -477,23 +422,3 @@ def test_the_migration_moves_old_output_tails_out_of_the_error_redacted(project)
     resume = Resume.objects.get(pk=made.pk)
     assert resume.error == "the process exited with code 1"
     assert resume.output == "[redacted]\npassword=[redacted]"
-
-
-def test_redaction_hides_known_secrets_and_keeps_training_logs(monkeypatch, tmp_path):
-    from webapp.domain.launch.redact import redact
-
-    monkeypatch.setenv("S3_BACKUP_SECRET_ACCESS_KEY", "worker-value-0123456789")
-    monkeypatch.chdir(tmp_path)
-    hidden = {
-        "SECRET_KEY=django-insecure-abc123": "SECRET_KEY=[redacted]",
-        "HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789": "HF_TOKEN=[redacted]",
-        'client_secret: "abc def"': "client_secret: [redacted]",
-        "GITHUB ghp_abcdefghijklmnopqrstuvwxyz0123456789": "GITHUB [redacted]",
-        "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----": "[redacted]",
-        "key worker-value-0123456789 printed": "key [redacted] printed",
-        "https://bob:s3cr3t@example.com/x": "https://bob:[redacted]@example.com/x",
-    }
-    for text, shown in hidden.items():
-        assert redact(text) == shown
-    kept = f"epoch 3 loss=0.25 max_tokens=512 tokens/s=1000 token_count: 9 in {tmp_path}"
-    assert redact(kept) == kept

@@ -446,15 +446,10 @@ class ResumeOut(Schema):
 
     @staticmethod
     def resolve_output(resume, context) -> str:
-        """The end of the job's output, secrets redacted, for tokens with the operate
-        scope only (a job's output may hold what no reader should see); else empty."""
-        from webapp.domain.resume import output_tail
+        from webapp.domain.resume import output_tail  # redacted, operate-scope tokens only
 
-        request = (context or {}).get("request")
-        auth = getattr(request, "auth", None)
-        if auth is None or not auth.allows("operate"):
-            return ""
-        return output_tail(resume)
+        auth = getattr((context or {}).get("request"), "auth", None)
+        return output_tail(resume) if auth is not None and auth.allows("operate") else ""
 
 
 @router.post(
