@@ -39,8 +39,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 POSITIONS = (
     'printf \'%s\\0\' {{run_key}} "{{run_key}}" --x={{run_key}} "a {{run_key}} b" '
     'pre{{run_key}}post {{new_run_key}} {{checkpoint_path}} "{{checkpoint_dir}}" '
-    "--s={{step}} {{checkpoint_id}} {{resume_id}} > args.bin\n"
-    "X={{run_key}}; printf '%s\\0' \"$X\" >> args.bin\n"
+    "--s={{step}} {{checkpoint_id}} {{resume_id}} > args-{{resume_id}}.bin\n"
+    'X={{run_key}}; printf \'%s\\0\' "$X" >> "args-{{resume_id}}.bin"\n'
 )
 
 
@@ -111,6 +111,7 @@ def test_hostile_values_in_every_placeholder_and_position_stay_data(
         project=project, name="positions", kind=kind, command_template=POSITIONS,
         options={"workdir": str(tmp_path)},
     )  # fmt: skip
+    started = []
     for index, value in enumerate(hostile_values(marker)):
         location = f"/data/{value}/dir $(touch {marker}-loc)"
         checkpoint = make_checkpoint(make_run(project, value), 100 + index)
@@ -121,10 +122,12 @@ def test_hostile_values_in_every_placeholder_and_position_stay_data(
         resume.status = "launching"
         resume.save()
         resumes.start(resume)
+        started.append((resume, value, location))
+    for resume, value, location in started:  # all at once: Slurm runs them side by side
         done = follow_until_done(resume.pk)
         assert not list(tmp_path.glob("pwned*")), value
         assert done.status == "succeeded", (done.error, done.output)
-        args = (tmp_path / "args.bin").read_bytes().decode().split("\0")[:-1]
+        args = (tmp_path / f"args-{resume.pk}.bin").read_bytes().decode().split("\0")[:-1]
         assert args == expected_args(done, location, location)
         assert value not in resume.command and "touch" not in resume.command
         assert done.token.revoked_at is not None
