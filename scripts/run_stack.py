@@ -68,12 +68,13 @@ from webapp.domain.models import LaunchProfile, Project
 project = Project.objects.filter(slug="demo").first()
 if project is not None and not LaunchProfile.objects.filter(project=project).exists():
     python = shlex.quote(os.environ["LB_PYTHON"])
-    LaunchProfile.objects.create(
+    profile = LaunchProfile(
         project=project, name="digits-local", kind="local",
         command_template=python + " examples/train_digits.py --run {{new_run_key}} "
         "--resume-from {{checkpoint_path}} --epochs 10",
         options={"workdir": os.environ["LB_ROOT"]},
     )
+    profile.full_clean(); profile.save()  # the settings form's checks of the template
 """
 FIND_DEMO_ACCESS = """
 import os

@@ -327,8 +327,11 @@ def test_an_operator_restore_tests_and_resumes_after_confirming_the_command(
     page.locator("#resume-profile").select_option(label="local-echo (Local process)")
     page.locator("#resume").get_by_role("button", name="Resume…").click()
     expect(page.get_by_role("heading", name="Resume from step 100")).to_be_visible()
-    command = f"echo resumed {checkpoint.pk} from {checkpoint.location}"
+    command = 'echo resumed "${LIFEBOAT_CHECKPOINT_ID}" from "${LIFEBOAT_CHECKPOINT_PATH}"'
     expect(page.locator("#resume-command")).to_have_text(command)
+    values = page.locator("#resume-values")
+    expect(values).to_contain_text(f"LIFEBOAT_CHECKPOINT_ID{checkpoint.pk}")
+    expect(values).to_contain_text(f"LIFEBOAT_CHECKPOINT_PATH{checkpoint.location}")
     assert not Resume.objects.exists()  # nothing runs before the confirmation
     shots("resume-confirm", page)
 

@@ -44,9 +44,11 @@ def test_resume_restores_a_deleted_checkpoint_then_restarts_the_job(
     if kind == "slurm":
         request.getfixturevalue("slurm_cluster")  # a real single-node Slurm
     settings.VAR_DIR = tmp_path / "var"
+    settings.LAUNCH_LIFEBOAT_URL = server.url  # where the resumed job reports, with its token
     project.allowed_roots = [str(tmp_path / "ckpt")]
     project.save()
     env = train_digits(server, token, tmp_path, "digits")
+    del env["LIFEBOAT_TOKEN"]  # the job gets a token of its own
     chosen = Checkpoint.objects.get(run__key="digits", step=23)
     validate_checkpoint(chosen.pk)
     target = StorageTarget.objects.create(
@@ -77,7 +79,7 @@ def test_resume_restores_a_deleted_checkpoint_then_restarts_the_job(
     answer = api.post(token, f"/checkpoints/{chosen.pk}/resume", {"profile": "again"})
     assert answer.status_code == 202, answer.content
     resume_id = answer.json()["id"]
-    assert f"--resume-from {local}" in answer.json()["command"]
+    assert '--resume-from "${LIFEBOAT_CHECKPOINT_PATH}"' in answer.json()["command"]
     (task,) = queued_tasks(queues, "launch")
     assert task == {"task": "workers.launch.launch_resume", "args": [resume_id], "kwargs": {}}
 
@@ -96,6 +98,8 @@ def test_resume_restores_a_deleted_checkpoint_then_restarts_the_job(
     assert follow_resume(resume_id) == "succeeded"
     shown = api.get(token, f"/resumes/{resume_id}").json()
     assert shown["new_run"] == child.key and "epoch 2" in shown["output"]
+    # The job reported with its own token, revoked now that the resume has ended.
+    assert resume.token.scopes == ["ingest", "read"] and resume.token.revoked_at is not None
 
 
 def test_a_value_with_shell_metacharacters_stays_one_argument(

@@ -248,6 +248,18 @@ RESTORE_TEST_EVERY_S = env_int("RESTORE_TEST_EVERY_S", 6 * 3600, minimum=60)
 # --- Resume (webapp/domain/resume.py) ---------------------------------------------------
 # How often a launch worker looks at a resumed job (process or Slurm job) until it ends.
 LAUNCH_FOLLOW_S = env_int("LAUNCH_FOLLOW_S", 15, minimum=1)
+# A launched job's environment is built, never inherited (webapp/domain/launch/job_env.py):
+# these names are copied from the worker (no credentials in them), the rest is the
+# profile's env and the resume's LIFEBOAT_* values.
+LAUNCH_BASE_ENV = env_list(
+    "LAUNCH_BASE_ENV", ["PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ"]
+)
+# Where a launched job reports back (LIFEBOAT_URL): the address jobs reach Lifeboat at.
+LAUNCH_LIFEBOAT_URL = env_str("LAUNCH_LIFEBOAT_URL", SITE_URL)
+# Automatic resumes per project (webapp/domain/launch/auto_limits.py): at most this many
+# unfinished at once, and this many requested in any hour; beyond, a resume.skipped event.
+AUTO_RESUME_MAX_ACTIVE = env_int("AUTO_RESUME_MAX_ACTIVE", 3, minimum=0)
+AUTO_RESUME_MAX_PER_HOUR = env_int("AUTO_RESUME_MAX_PER_HOUR", 10, minimum=0)
 
 # --- Alerts (webapp/domain/alerts.py) ---------------------------------------------------
 # Links in alerts point here.

@@ -445,10 +445,11 @@ class ResumeOut(Schema):
         return resume.new_run.key if resume.new_run_id else None
 
     @staticmethod
-    def resolve_output(resume) -> str:
-        from webapp.domain.resume import output_tail
+    def resolve_output(resume, context) -> str:
+        from webapp.domain.resume import output_tail  # redacted, operate-scope tokens only
 
-        return output_tail(resume)
+        auth = getattr((context or {}).get("request"), "auth", None)
+        return output_tail(resume) if auth is not None and auth.allows("operate") else ""
 
 
 @router.post(

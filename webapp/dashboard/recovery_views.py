@@ -93,6 +93,17 @@ def preview_values(checkpoint) -> dict:
     return resumes.template_values(checkpoint, "N")
 
 
+def _variables_used(profile, values) -> list[tuple[str, str]]:
+    """The job's variables that the command refers to, with the values they will hold:
+    what a person reads to know what will run."""
+    from webapp.domain.launch.template import PLACEHOLDER, env_name
+
+    if profile is None:
+        return []
+    names = dict.fromkeys(m.group(1) for m in PLACEHOLDER.finditer(profile.command_template))
+    return [(env_name(n), str(values[n])) for n in names if n in values]
+
+
 @require_http_methods(["GET", "POST"])
 @project_view(Role.OPERATOR)
 def checkpoint_resume(request, checkpoint_id: int):
@@ -112,7 +123,7 @@ def checkpoint_resume(request, checkpoint_id: int):
     command = ""
     if profile is not None:
         try:
-            command = resumes.render(profile.command_template, values)
+            command = resumes.render(profile.command_template)
         except resumes.ResumeError as exc:
             error = error or str(exc)
 
@@ -149,6 +160,7 @@ def checkpoint_resume(request, checkpoint_id: int):
         "command": command,
         "digest": template_digest(profile) if profile is not None else "",
         "values": values,
+        "variables": _variables_used(profile, values),
         "error": error,
         "blocked": blocked,
     }

@@ -191,7 +191,13 @@ def launch_profiles(request):
             )
             messages.success(request, f"Launch profile {profile.name} is added.")
             return redirect("dashboard:settings-profiles", request.project.slug)
-    profiles = request.project.launch_profiles.order_by("name")
+    profiles = list(request.project.launch_profiles.order_by("name"))
+    for profile in profiles:
+        # A profile saved before templates were checked: say so, it will not launch.
+        try:
+            profile.clean()
+        except ValidationError as exc:
+            profile.refusal = " ".join(exc.messages)
     return render(
         request,
         "dashboard/settings_profiles.html",

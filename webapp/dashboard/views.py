@@ -344,7 +344,8 @@ def _checkpoint_context(request, checkpoint) -> dict:
     )
     for resume in resumes:
         resume.is_final = resume.status in RESUME_FINAL
-        resume.tail = output_tail(resume, lines=20)
+        # A job's output may hold secrets it printed: operators and above only, redacted.
+        resume.tail = output_tail(resume, lines=20) if request.access.can_operate else ""
     running = (
         not checkpoint.is_settled
         or any(not v.is_final for v in validations)

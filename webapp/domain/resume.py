@@ -1,30 +1,33 @@
 """One-click resume: restart a run from a chosen checkpoint with a launch profile.
 
 1. request(): an operator picks a checkpoint and a profile. The command is rendered from
-   the profile's template (written by a project admin) with every value shell-quoted, and
-   a Resume row is queued for the `launch` queue (`launch.<host>` when the profile pins a
-   host), after the transaction commits.
+   the profile's template (written by a project admin): no value ever enters its text,
+   each placeholder becomes a reference to an environment variable of the job
+   (webapp/domain/launch/template.py), and a Resume row is queued for the `launch` queue
+   (`launch.<host>` when the profile pins a host), after the transaction commits.
 2. prepare(): the checkpoint must be where the job expects it. The local copy is checked
    (sizes and sha256, like the validation); when it is missing or damaged it is restored
    from a verified replica into its own location, verified, the damaged copy moved aside.
 3. start(): `local` runs the command as a process of the launch worker's host, its output
    kept in var/launch/resume-<id>/output.log and its exit status in `exit_code`; `slurm`
-   submits it with sbatch (webapp/domain/launch/slurm.py). The job gets LIFEBOAT_RUN (the
-   new run's key), LIFEBOAT_RESUMED_FROM (the checkpoint's id) and LIFEBOAT_CHECKPOINT
-   (its path), so the client reports `run.started` with `resumed_from` and the new run
-   appears as a child of that checkpoint.
-4. follow(): until the job ends (the process's exit status, or Slurm's final state).
+   submits it with sbatch (webapp/domain/launch/slurm.py). The job's environment is built,
+   never inherited (webapp/domain/launch/job_env.py): LIFEBOAT_RUN (the new run's key),
+   LIFEBOAT_RESUMED_FROM (the checkpoint's id), LIFEBOAT_CHECKPOINT (its path),
+   LIFEBOAT_URL and a LIFEBOAT_TOKEN made for this resume (ingest and read, revoked when
+   the resume ends), so the client reports `run.started` with `resumed_from` and the new
+   run appears as a child of that checkpoint.
+4. follow(): until the job ends (the process's exit status, or Slurm's final state); the
+   end of its output is kept redacted in Resume.output, for operators.
 
 Template placeholders are written {{name}} so that shell braces (${HOME}) stay as they
 are: checkpoint_path, checkpoint_dir, checkpoint_id, step, run_key, new_run_key,
-resume_id.
+resume_id; {{name}} reaches the job as LIFEBOAT_<NAME>.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -35,16 +38,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
-NAMES = (
-    "checkpoint_path",
-    "checkpoint_dir",
-    "checkpoint_id",
-    "step",
-    "run_key",
-    "new_run_key",
-    "resume_id",
-)
+from webapp.domain.launch import template as templates
+from webapp.domain.launch.template import NAMES, PLACEHOLDER  # noqa: F401 (re-exported)
+
+FINAL = ("succeeded", "failed", "cancelled")
 
 
 class ResumeError(Exception):
@@ -52,19 +49,20 @@ class ResumeError(Exception):
 
 
 def check_template(template: str) -> None:
-    unknown = sorted({m.group(1) for m in PLACEHOLDER.finditer(template)} - set(NAMES))
-    if unknown:
-        raise ResumeError(
-            f"unknown placeholder {{{{{unknown[0]}}}}} in the command; known: "
-            + ", ".join(f"{{{{{n}}}}}" for n in NAMES)
-        )
+    """ResumeError when the template is refused (webapp/domain/launch/template.py)."""
+    try:
+        templates.check(template)
+    except templates.TemplateRefused as exc:
+        raise ResumeError(str(exc)) from None
 
 
-def render(template: str, values: dict) -> str:
-    """The command with every {{name}} replaced by its shell-quoted value: a value can
-    never become more than one argument, or a second command."""
-    check_template(template)
-    return PLACEHOLDER.sub(lambda m: shlex.quote(str(values[m.group(1)])), template)
+def render(template: str) -> str:
+    """The command as it runs: every {{name}} a reference to the job's LIFEBOAT_<NAME>
+    variable, so that no value can become code (ResumeError when refused)."""
+    try:
+        return templates.render(template)
+    except templates.TemplateRefused as exc:
+        raise ResumeError(str(exc)) from None
 
 
 def template_values(checkpoint, resume_id) -> dict:
@@ -109,7 +107,13 @@ def request(checkpoint, profile, *, user=None, actor: str = "", automatic: bool 
         )
     if profile.project_id != checkpoint.project_id:
         raise ResumeError("that launch profile belongs to another project")
-    check_template(profile.command_template)
+    try:
+        check_template(profile.command_template)
+    except ResumeError as exc:
+        raise ResumeError(
+            f"launch profile {profile.name} cannot be used until an admin rewrites its "
+            f"command: {exc}"
+        ) from None
     resume = Resume.objects.create(
         project_id=checkpoint.project_id,
         run_id=checkpoint.run_id,
@@ -118,7 +122,7 @@ def request(checkpoint, profile, *, user=None, actor: str = "", automatic: bool 
         requested_by=user,
         automatic=automatic,
     )
-    resume.command = render(profile.command_template, values_for(resume))
+    resume.command = render(profile.command_template)
     resume.save(update_fields=["command"])
     Event.objects.create(
         project_id=checkpoint.project_id,
@@ -141,10 +145,15 @@ def enqueue_launch(resume_id: int, queue: str) -> None:
 
 
 def _set(resume, **fields) -> None:
+    """Save these fields; a final status also revokes the job's token."""
     for name, value in fields.items():
         setattr(resume, name, value)
     resume.updated_at = timezone.now()
     resume.save(update_fields=[*fields, "updated_at"])
+    if fields.get("status") in FINAL:
+        from webapp.domain.launch import job_token
+
+        job_token.revoke(resume)
 
 
 def claim(resume_id: int):
@@ -217,19 +226,35 @@ def launch_dir(resume) -> Path:
     return Path(settings.VAR_DIR) / "launch" / f"resume-{resume.pk}"
 
 
-def job_env(resume) -> dict[str, str]:
-    values = values_for(resume)
-    return {
-        "LIFEBOAT_RUN": values["new_run_key"],
-        "LIFEBOAT_RESUMED_FROM": str(resume.checkpoint_id),
-        "LIFEBOAT_CHECKPOINT": values["checkpoint_path"],
-        **{str(k): str(v) for k, v in (resume.profile.options.get("env") or {}).items()},
-    }
+def job_env(resume, token: str) -> dict[str, str]:
+    """The job's whole environment (webapp/domain/launch/job_env.py)."""
+    from webapp.domain.launch import job_env as envs
+
+    try:
+        return envs.build(
+            values_for(resume),
+            profile_env=resume.profile.options.get("env") or {},
+            checkpoint_id=resume.checkpoint_id,
+            token=token,
+        )
+    except envs.JobEnvError as exc:
+        raise ResumeError(str(exc)) from None
 
 
 def start(resume) -> None:
+    """Launch the job. The template is checked again and must still give the command that
+    was shown and stored (a profile edited since, or a resume queued before templates
+    were checked, is refused). Raises ResumeError."""
+    from webapp.domain.launch import job_token
     from webapp.domain.models.recovery import ResumeStatus
 
+    command = render(resume.profile.command_template)
+    if command != resume.command:
+        raise ResumeError(
+            f"launch profile {resume.profile.name} changed since this resume was requested; "
+            "request it again to see the command that would run"
+        )
+    env = job_env(resume, job_token.issue(resume))
     folder = launch_dir(resume)
     folder.mkdir(parents=True, exist_ok=True)
     workdir = resume.profile.options.get("workdir") or str(settings.BASE_DIR)
@@ -238,28 +263,29 @@ def start(resume) -> None:
         from webapp.domain.launch import slurm
 
         job_id = slurm.submit(
-            "#!/bin/bash\n" + resume.command + "\n",
+            "#!/bin/bash\n" + command + "\n",
             job_name=f"lifeboat-resume-{resume.pk}",
             output_path=str(log_path),
             workdir=workdir,
-            env=job_env(resume),
+            env=env,
         )
         _set(resume, status=ResumeStatus.LAUNCHING, external_id=f"slurm:{job_id}")
         return
     script = folder / "command.sh"
-    script.write_text("#!/bin/bash\n" + resume.command + "\n")
+    script.write_text("#!/bin/bash\n" + command + "\n")
     exit_file = folder / "exit_code"
     exit_file.unlink(missing_ok=True)
     # The wrapper records the exit status in a file: the follow task may run in another
     # process than the one that started the job, and only a parent can wait() for it.
+    bash = shutil.which("bash") or "/bin/bash"
     wrapper = (
-        f"bash {shlex.quote(str(script))} > {shlex.quote(str(log_path))} 2>&1; "
+        f"{shlex.quote(bash)} {shlex.quote(str(script))} > {shlex.quote(str(log_path))} 2>&1; "
         f"echo $? > {shlex.quote(str(exit_file))}"
     )
     process = subprocess.Popen(
-        ["bash", "-c", wrapper],
+        [bash, "-c", wrapper],
         cwd=workdir,
-        env={**os.environ, **job_env(resume)},
+        env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -269,11 +295,15 @@ def start(resume) -> None:
 
 
 def output_tail(resume, lines: int = 40) -> str:
+    """The end of the job's output, secrets redacted: the log file on this host while it
+    is there, else what was kept when the job ended. For operators and above only."""
+    from webapp.domain.launch.redact import redact
+
     path = launch_dir(resume) / "output.log"
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return redact("\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
     except FileNotFoundError:
-        return ""
+        return "\n".join(resume.output.splitlines()[-lines:])
 
 
 def follow(resume) -> bool:
@@ -312,6 +342,7 @@ def follow(resume) -> bool:
                         resume,
                         status=ResumeStatus.FAILED,
                         error="the process ended without an exit status (killed?)",
+                        output=output_tail(resume, 40),
                     )
                     return True
             except PermissionError:
@@ -319,12 +350,15 @@ def follow(resume) -> bool:
         code = int(exit_file.read_text().strip() or 1)
         ok, cancelled = code == 0, resume.status == ResumeStatus.CANCELLED
         detail = f"the process exited with code {code}"
+    # The tail is kept apart from the error: the error is shown to every member, the
+    # output to operators and above only.
+    output = output_tail(resume, 40)
     if cancelled:
-        _set(resume, status=ResumeStatus.CANCELLED, error=detail)
+        _set(resume, status=ResumeStatus.CANCELLED, error=detail, output=output)
     elif ok:
-        _set(resume, status=ResumeStatus.SUCCEEDED, error="")
+        _set(resume, status=ResumeStatus.SUCCEEDED, error="", output=output)
     else:
-        _set(resume, status=ResumeStatus.FAILED, error=f"{detail}\n{output_tail(resume, 20)}")
+        _set(resume, status=ResumeStatus.FAILED, error=detail, output=output)
     Event.objects.create(
         project_id=resume.project_id,
         run_id=resume.run_id,
@@ -369,8 +403,10 @@ def lineage(run) -> list:
 def maybe_auto_resume(run, reason: str):
     """If the project asks for it, resume a failed or silent run from its latest verified
     checkpoint, at most project.max_restarts times along its lineage (Determined's
-    max_restarts). Returns the Resume, or None with nothing done."""
-    from webapp.domain.models import Event, Resume
+    max_restarts) and within the project's bounds (webapp/domain/launch/auto_limits.py).
+    Returns the Resume, or None with nothing done and a resume.skipped event saying why."""
+    from webapp.domain.launch import auto_limits
+    from webapp.domain.models import Event, Project, Resume
 
     project = run.project
     profile = project.auto_resume_profile
@@ -395,7 +431,20 @@ def maybe_auto_resume(run, reason: str):
         )  # fmt: skip
         return None
     with transaction.atomic():
-        resume = request(checkpoint, profile, actor="system", automatic=True)
+        # One project row lock: two runs failing at once are counted one after the other.
+        Project.objects.select_for_update().filter(pk=project.pk).first()
+        why = auto_limits.refusal(project)
+        if why is None:
+            try:
+                resume = request(checkpoint, profile, actor="system", automatic=True)
+            except ResumeError as exc:
+                why = str(exc)
+        if why is not None:
+            Event.objects.create(
+                project=project, run=run, type="resume.skipped", time=timezone.now(),
+                actor="system", message=f"Not resuming {run.key} automatically: {why}.",
+            )  # fmt: skip
+            return None
         Event.objects.filter(type="resume.requested", data__resume=resume.pk).update(
             message=f"Automatic resume ({reason}) from step {checkpoint.step} "
             f"with profile {profile.name}, {used + 1} of {project.max_restarts}"

@@ -4,8 +4,10 @@ Slurm client works (a login node, or the single-node cluster of
 scripts/slurm_single_node.sh); see docs/slurm.md.
 
 - submit(): the script is written beside the job's output file and submitted with
-  `sbatch --parsable`; the extra environment reaches the job through sbatch's own
-  environment and `--export=ALL` (so values may hold commas, spaces, quotes).
+  `sbatch --parsable`; the job's environment is exactly `env` (plus the SLURM_* variables
+  Slurm always sets): the values go into sbatch's own environment and only their names
+  are listed in `--export=NAME,...` (so values may hold commas, spaces, quotes), never
+  `--export=ALL`, which would hand the job everything of the launch worker's.
 - state(): `squeue` while the job is queued or running; once it has left the queue,
   `scontrol show job` (kept for MinJobAge seconds) and then `sacct` (when accounting is
   on). A job none of them knows any more is UNKNOWN and final; a controller that does
@@ -128,8 +130,10 @@ def submit(
 
     The script is written to `<dir of output_path>/<job_name>.sbatch` (a `#!/bin/bash`
     line is put first when it has none); the job's stdout and stderr go to `output_path`
-    (Slurm's patterns such as %j work), it starts in `workdir`, and sees the worker's
-    environment plus `env`. Values put into the script must already be shell-quoted.
+    (Slurm's patterns such as %j work), it starts in `workdir`, and its environment is
+    `env` and Slurm's own SLURM_* variables, nothing else of this process's (sbatch
+    `--export=<names>`; `--export=NONE` when `env` is empty). No value belongs in the
+    script text: pass values through `env`.
     """
     if not _JOB_NAME.match(job_name):
         raise ValueError(f"job name must be letters, digits, '.', '_' or '-': {job_name!r}")
@@ -156,10 +160,12 @@ def submit(
             f"--job-name={job_name}",
             f"--output={output}",
             f"--chdir={workdir}",
-            "--export=ALL",
+            "--export=" + (",".join(sorted(env)) or "NONE"),
             str(script),
         ],
         timeout=SUBMIT_TIMEOUT_S,
+        # sbatch itself needs this process's environment (SLURM_CONF, SBATCH_* defaults);
+        # the job gets only the names listed in --export.
         env={**os.environ, **env},
     )
     if proc.returncode != 0:

@@ -270,7 +270,9 @@ class LaunchKind(models.TextChoices):
 
 class LaunchProfile(models.Model):
     """How a resumed job is started. Written by project admins only: workers run the
-    command template, with the values put into it shell-quoted."""
+    command template, its placeholders references to environment variables of the job
+    (webapp/domain/launch/template.py); clean() refuses a template where a value could
+    become code, so every form (dashboard settings, Django admin) refuses it at save."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="launch_profiles")
     name = models.CharField(max_length=100)
@@ -287,3 +289,11 @@ class LaunchProfile(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"
+
+    def clean(self) -> None:
+        from webapp.domain.launch.template import TemplateRefused, check
+
+        try:
+            check(self.command_template or "")
+        except TemplateRefused as exc:
+            raise ValidationError({"command_template": str(exc)}) from None

@@ -169,6 +169,13 @@ class Resume(models.Model):
         max_length=16, choices=ResumeStatus.choices, default=ResumeStatus.REQUESTED
     )
     error = models.TextField(blank=True)
+    # The end of the job's output once it has ended, secrets redacted
+    # (webapp/domain/launch/redact.py); shown to operators and above only.
+    output = models.TextField(blank=True)
+    # The token the job reports back with (webapp/domain/launch/job_token.py).
+    token = models.ForeignKey(
+        "domain.ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     new_run = models.ForeignKey(
         "domain.Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
