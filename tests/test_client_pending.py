@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -211,3 +212,41 @@ def test_a_damaged_pending_record_is_set_aside_and_the_flush_goes_on(env, root):
     assert "not valid JSON" in (spool.rejected / f"{aside.name}.error").read_text()
     assert "delivered 1 of 1 events" in done.out
     assert Event.objects.filter(event_id=beat["id"]).exists()
+
+
+def test_a_running_sidecar_completes_a_report_once_its_job_is_dead_and_not_before(
+    env, root, server, token, tmp_path
+):
+    import lifeboat
+
+    checkpoint = root / "step-300.pt"
+    write_big(checkpoint)
+    # `lifeboat watch` in this process: a run without a life cycle of its own, up first.
+    sidecar = lifeboat.Run("sidecar", url=server.url, token=token, lifecycle=False,
+                           spool_dir=tmp_path / "spool", pending_rescan_s=0.2).start()  # fmt: skip
+    try:
+        job = run_script(
+            f"""
+            import time, lifeboat
+            run = lifeboat.Run(handle_signals=False).start()
+            run.checkpoint({str(checkpoint)!r}, step=300)
+            time.sleep(120)
+            """,
+            env,
+            wait=False,
+        )
+        try:
+            stop_while_hashing(job, checkpoint)
+            time.sleep(1.5)  # several rescans of the sidecar while its writer lives
+            (record,) = spool_of(env).pending.glob("*.json")
+            assert "event" not in json.loads(record.read_text())
+            assert not Event.objects.filter(type="checkpoint.saved").exists()
+        finally:
+            job.kill()
+            job.wait(30)
+        stored = wait_for(lambda: Checkpoint.objects.filter(run__key="job-k", step=300).first(), 30)
+    finally:
+        sidecar.finish()
+    assert [f.sha256 for f in stored.files.all()] == [sha256(checkpoint)]
+    assert Event.objects.filter(type="checkpoint.saved").count() == 1
+    assert not any(spool_of(env).pending.iterdir())
