@@ -105,6 +105,7 @@ class Run:
         resumed_from: int | str | None = None,
         heartbeat_s: float = 60.0,
         metrics_flush_s: float = 10.0,
+        pending_rescan_s: float = RESCAN_S,
         spool_dir: str | os.PathLike | None = None,
         handle_signals: bool = True,
         enabled: bool | None = None,
@@ -125,6 +126,8 @@ class Run:
         self.resumed_from = resumed_from or os.environ.get("LIFEBOAT_RESUMED_FROM") or None
         self.heartbeat_s = heartbeat_s
         self.metrics_flush_s = metrics_flush_s
+        # How often an idle hash thread completes reports that dead processes left.
+        self.pending_rescan_s = pending_rescan_s
         self.handle_signals = handle_signals
         # False for a sidecar (`lifeboat watch`): it reports checkpoints, while the job
         # itself owns run.started / finished / failed and the heartbeats.
@@ -376,7 +379,7 @@ class Run:
         _lower_this_threads_priority()
         while True:
             try:
-                item = self._hash_queue.get(timeout=RESCAN_S)
+                item = self._hash_queue.get(timeout=self.pending_rescan_s)
             except queue.Empty:
                 # Idle: complete what a process that died meanwhile left (a sibling job
                 # on this host with the same spool, a job beside this sidecar).
