@@ -108,5 +108,32 @@ def describe(
     return described
 
 
+def listing(location: str | os.PathLike) -> dict[str, int]:
+    """{path: size} of a checkpoint's files now, paths as describe() gives them."""
+    root = Path(location)
+    base = root.parent if root.is_file() else root
+    return {path.relative_to(base).as_posix(): path.stat().st_size for path in list_files(root)}
+
+
+class FilesGone(FileNotFoundError):
+    """Files of a checkpoint that were there when hashing began are gone; names them."""
+
+
+def compare_listing(then: dict[str, int], now: dict[str, int]) -> None:
+    """Raise FilesGone if a file of `then` is missing from `now`, ChangedWhileHashing if
+    one changed size or appeared; both name the files."""
+    gone = sorted(set(then) - set(now))
+    if gone:
+        raise FilesGone(f"{', '.join(gone)} (there when hashing began)")
+    changed = [
+        f"{path} was {then[path]:,} bytes when hashing began and is {now[path]:,} now"
+        for path in sorted(then)
+        if then[path] != now[path]
+    ]
+    changed += [f"{path} appeared since hashing began" for path in sorted(set(now) - set(then))]
+    if changed:
+        raise ChangedWhileHashing("; ".join(changed))
+
+
 def total_size(location: str | os.PathLike) -> int:
     return sum(path.stat().st_size for path in list_files(location))

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lifeboat.config import hostname
-from lifeboat.files import ChangedWhileHashing, describe
+from lifeboat.files import ChangedWhileHashing, FilesGone, compare_listing, describe, listing
 from lifeboat.spool import Spool
 
 log = logging.getLogger("lifeboat")
@@ -80,6 +80,12 @@ def parse(raw: bytes, name: str) -> dict:
     event = request.get("event")
     if event is not None and not (isinstance(event, dict) and event.get("id") == request["id"]):
         raise DamagedRecord("its finished event is malformed")
+    listed = request.get("listed")
+    if listed is not None and not (
+        isinstance(listed, dict)
+        and all(isinstance(size, int) and not isinstance(size, bool) for size in listed.values())
+    ):
+        raise DamagedRecord("its list of files is malformed")
     return request
 
 
@@ -255,7 +261,9 @@ class PendingReports:
     def _hash(self, request: dict, on_read: Callable[[int], None] | None) -> dict:
         ids = {"event_id": request["id"], "run": request["run"], "time": request["time"]}
         try:
-            files = describe(request["location"], on_read)
+            files = self._describe(request, on_read)
+        except FilesGone as exc:
+            error = f"files of the reported checkpoint are gone before they could be hashed: {exc}"
         except FileNotFoundError as exc:
             error = f"the reported checkpoint is gone before it could be hashed: {exc}"
         except ChangedWhileHashing as exc:
@@ -266,6 +274,19 @@ class PendingReports:
                 "checkpoint.saved", **ids, location=request["location"], files=files, **fields
             )
         return build_event("checkpoint.failed", **ids, step=request["step"], error=error[-9000:])
+
+    def _describe(self, request: dict, on_read: Callable[[int], None] | None) -> list[dict]:
+        """describe() the files, held to the list of files and sizes the first holder saw
+        when it began hashing (kept in the record for whoever takes it over): a shard
+        deleted after a killed job hashed it must not drop out of the report unseen."""
+        now = listing(request["location"])
+        if "listed" not in request:
+            request["listed"] = now
+            self._write(request)
+        compare_listing(request["listed"], now)
+        files = describe(request["location"], on_read)
+        compare_listing(request["listed"], {f["path"]: f["size"] for f in files})
+        return files
 
 
 def _holder(lock_path: Path) -> str:

@@ -67,16 +67,19 @@ def sha256(path) -> str:
     return digest.hexdigest()
 
 
-def job_killed_while_hashing(env: dict, path, step: int = 300) -> dict:
-    """A job using the real client reports `path` and is SIGKILLed while its background
-    thread hashes it. Returns the pending record it left."""
+def job_killed_while_hashing(env: dict, path, location=None) -> dict:
+    """A job using the real client reports the checkpoint at `location` (default: the
+    file `path`) and is SIGKILLed while its background thread hashes the file `path`.
+    Returns the pending record it left."""
+    location = location or path
+    step = 300
     job = run_script(
         f"""
         import time, lifeboat
         run = lifeboat.Run(handle_signals=False).start()
         run.log({step}, loss=0.5)
         run.checkpoint_started({step})
-        run.checkpoint({str(path)!r}, step={step}, epoch=3, metrics={{"loss": 0.5}})
+        run.checkpoint({str(location)!r}, step={step}, epoch=3, metrics={{"loss": 0.5}})
         time.sleep(120)
         """,
         env,
@@ -250,3 +253,25 @@ def test_a_running_sidecar_completes_a_report_once_its_job_is_dead_and_not_befor
     assert [f.sha256 for f in stored.files.all()] == [sha256(checkpoint)]
     assert Event.objects.filter(type="checkpoint.saved").count() == 1
     assert not any(spool_of(env).pending.iterdir())
+
+
+def test_a_shard_removed_after_the_killed_job_hashed_it_is_not_dropped_unseen(env, root):
+    directory = root / "step-300"
+    directory.mkdir()
+    (directory / "a-config.json").write_text('{"layers": 2}')
+    write_big(directory / "b-weights.bin")
+    # Killed while it hashes the second file: a-config.json was hashed already.
+    record = job_killed_while_hashing(env, directory / "b-weights.bin", location=directory)
+    assert record["listed"] == {"a-config.json": 13, "b-weights.bin": 256 * MIB}
+    (directory / "a-config.json").unlink()
+
+    done = flush(env)
+    assert done.returncode == 0, done.out + done.err
+    assert (
+        f"reported {directory} (run 'job-k', step 300) as checkpoint.failed: files of the "
+        "reported checkpoint are gone before they could be hashed: a-config.json (there when "
+        "hashing began)"
+    ) in done.out
+    stored = Checkpoint.objects.get(run__key="job-k", step=300)
+    assert stored.status == "failed" and "a-config.json" in stored.error
+    assert not Event.objects.filter(type="checkpoint.saved").exists()
