@@ -219,9 +219,14 @@ class PendingReports:
 
     def _set_aside(self, path: Path, why: str) -> Path:
         aside = self.spool.rejected / f"pending-{path.name}"
-        os.replace(path, aside)
         note = {"error": f"a pending checkpoint record that cannot be completed: {why}"}
-        (self.spool.rejected / f"{aside.name}.error").write_text(json.dumps(note) + "\n")
+        try:
+            os.replace(path, aside)
+            (self.spool.rejected / f"{aside.name}.error").write_text(json.dumps(note) + "\n")
+        except OSError as exc:  # a look at the others must go on
+            log.error("lifeboat: %s (%s), and it could not be moved aside: %s", note["error"],
+                      path, exc)  # fmt: skip
+            return path
         log.error("lifeboat: %s; it is kept in %s", note["error"], aside)
         return aside
 
