@@ -275,3 +275,18 @@ def test_a_shard_removed_after_the_killed_job_hashed_it_is_not_dropped_unseen(en
     stored = Checkpoint.objects.get(run__key="job-k", step=300)
     assert stored.status == "failed" and "a-config.json" in stored.error
     assert not Event.objects.filter(type="checkpoint.saved").exists()
+
+
+def test_a_report_of_another_host_is_left_for_that_host(env, root):
+    checkpoint = root / "step-9.pt"
+    checkpoint.write_bytes(b"weights")
+    spool = spool_of(env)
+    record = {"id": str(uuid.uuid4()), "run": "job-k", "time": "2026-12-01T12:00:00Z",
+              "location": str(checkpoint), "step": 9, "pid": 1, "host": "node-17"}  # fmt: skip
+    (spool.pending / f"{record['id']}.json").write_text(json.dumps(record))
+
+    done = flush(env)
+    assert done.returncode == 0, done.out + done.err
+    assert "1 pending checkpoint report(s) of host(s) node-17 are left for a lifeboat" in done.out
+    assert (spool.pending / f"{record['id']}.json").exists()
+    assert not list(spool.pending.glob("*.lock")) and not Event.objects.exists()
