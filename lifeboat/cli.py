@@ -82,12 +82,20 @@ def _complete_pending(spool) -> bool:
     """Complete the checkpoint reports that dead processes on this host left, saying what
     became of each; a progress line while a big one is hashed. False if one could not be
     completed (it stays for a later try)."""
-    from lifeboat.files import total_size
-    from lifeboat.pending import PendingReports, label
-    from lifeboat.progress import Progress
+    from lifeboat.pending import PendingReports
 
     reports = PendingReports(spool)
-    scan = reports.take_orphans()
+    try:
+        return _complete_each(reports, reports.take_orphans())
+    finally:
+        reports.close()  # what could not be completed is free for the next process
+
+
+def _complete_each(reports, scan) -> bool:
+    from lifeboat.files import total_size
+    from lifeboat.pending import label
+    from lifeboat.progress import Progress
+
     # Damaged records set aside are logged (with where they are kept) by take_orphans.
     for request, holder in scan.busy:
         print(f"lifeboat: {label(request)} is being completed by {holder}")
@@ -98,20 +106,19 @@ def _complete_pending(spool) -> bool:
             f"{', '.join(hosts)} are left for a lifeboat process there"
         )
     complete = True
-    for request, claim in scan.claimed:
+    for request in scan.claimed:
         try:
             total = total_size(request["location"]) if "event" not in request else 0
         except OSError:
             total = 0
         bar = Progress(total, f"hashing {request['location']}", enabled=total >= PROGRESS_FROM)
         try:
-            event = reports.complete(request, claim, bar.add)
+            event = reports.complete(request, bar.add)
         except OSError as exc:
             print(f"lifeboat: could not complete {label(request)}: {exc}", file=sys.stderr)
             complete = False
             continue
         finally:
-            claim.release()
             bar.close()
         if event["type"] == "checkpoint.saved":
             size = sum(f["size"] for f in event["files"])

@@ -9,12 +9,15 @@ have done: hash the files by the same rules (lifeboat.files.describe) and spool
 `checkpoint.saved` with the record's event id and time, or `checkpoint.failed` with the
 reason when the files are gone or changed while they were being hashed.
 
-Claims. One process at a time works on a record: the holder of an exclusive flock on
-`pending/<id>.lock`. The reporting process takes it before the record appears and holds
-it until the record is gone; the kernel drops it when its holder dies, so a record left
-by a dead process can be claimed at once, and one whose writer still works on it never
-is. A lock file is unlinked only by a holder of its lock, and whoever locks one checks
-that its name still leads to the file locked, so two processes never hold one record.
+Claims. One process at a time works on a record: its owner, named in the record. A
+process owns records through one lock file of its own, `pending/owner-<random>.lock`,
+flocked for as long as it lives (one descriptor, however many reports it has queued);
+the kernel drops that lock when the process dies, so whether the owner lives is a
+question the kernel answers, which no reused pid can fool. A record whose owner is dead
+is taken over under a brief flock on `pending/<id>.lock`: the taker reads it again,
+checks its owner again and writes itself in as the owner, so two processes never take
+one record. Lock files are unlinked only by a holder of their lock, and whoever locks
+one checks that its name still leads to the file locked.
 
 Once. The finished event is written into the record (a temporary name renamed over it)
 before it goes into the spool, and the record is removed after that; a process that
@@ -33,6 +36,8 @@ import fcntl
 import json
 import logging
 import os
+import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,7 +100,7 @@ def label(request: dict) -> str:
 
 def _lock(path: Path) -> int | None:
     """An exclusive flock on `path` (created if need be), without waiting: the descriptor,
-    or None if another process (or another claim in this one) holds it."""
+    or None if another holder (another process, or another descriptor here) has it."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -116,17 +121,17 @@ def _lock(path: Path) -> int | None:
         os.close(fd)
 
 
-class Claim:
-    """The exclusive hold on one pending record. `release()` is safe to call twice."""
+class _Lock:
+    """A held flock. `drop()` removes its file, still holding it, then lets go;
+    `release()` only lets go. Both are safe to call twice."""
 
-    def __init__(self, lock_path: Path, fd: int):
-        self.lock_path = lock_path
+    def __init__(self, path: Path, fd: int):
+        self.path = path
         self._fd: int | None = fd
 
     def drop(self) -> None:
-        """Remove the lock file, still holding it (the record is gone), then release."""
         if self._fd is not None:
-            self.lock_path.unlink(missing_ok=True)
+            self.path.unlink(missing_ok=True)
         self.release()
 
     def release(self) -> None:
@@ -135,26 +140,71 @@ class Claim:
             self._fd = None
 
 
+def _try_lock(path: Path) -> _Lock | None:
+    """A lock on an existing lock file that nobody holds (its holder is dead), else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return _Lock(path, fd)
+
+
+def _pid_alive(pid) -> bool:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @dataclass
 class Scan:
     """What one look at `pending/` found."""
 
-    claimed: list[tuple[dict, Claim]] = field(default_factory=list)
-    busy: list[tuple[dict, str]] = field(default_factory=list)  # (record, its holder)
+    claimed: list[dict] = field(default_factory=list)  # records now owned here
+    busy: list[tuple[dict, str]] = field(default_factory=list)  # (record, its live owner)
     foreign: list[dict] = field(default_factory=list)  # records of other hosts
     set_aside: list[tuple[Path, str]] = field(default_factory=list)  # (moved to, why)
 
 
 class PendingReports:
+    """The pending records of one spool, for one owner. `close()` when done: what it
+    still owns is then free for the next process (as when the process dies)."""
+
     def __init__(self, spool: Spool):
         self.spool = spool
         self.dir = spool.pending
+        self._owner_lock: _Lock | None = None
+        self._owner_guard = threading.Lock()
 
     def _record(self, event_id: str) -> Path:
         return self.dir / f"{event_id}.json"
 
-    def _lock_path(self, event_id: str) -> Path:
-        return self.dir / f"{event_id}.lock"
+    def _owner(self) -> str:
+        """The name of this owner's lock file, held (made on first use)."""
+        with self._owner_guard:
+            if self._owner_lock is None:
+                path = self.dir / f"owner-{uuid.uuid4().hex}.lock"
+                self._owner_lock = _Lock(path, _lock(path))
+            return self._owner_lock.path.name
+
+    def _mine(self) -> str | None:
+        return self._owner_lock.path.name if self._owner_lock is not None else None
+
+    def close(self) -> None:
+        with self._owner_guard:
+            if self._owner_lock is not None:
+                self._owner_lock.drop()
+                self._owner_lock = None
 
     def _write(self, request: dict) -> None:
         # Not fsynced: this guards against the process dying (the page cache survives
@@ -163,22 +213,50 @@ class PendingReports:
         temporary.write_text(json.dumps(request))
         os.replace(temporary, self._record(request["id"]))
 
+    def _live_owner(self, request: dict) -> str | None:
+        """Who owns the record, if they live ("pid N on HOST"); None if nobody does."""
+        if "owner" not in request:
+            # Written by an older client, which had no owner lock: its pid tells.
+            alive = _pid_alive(request.get("pid"))
+            return f"pid {request.get('pid')} on {request.get('host')}" if alive else None
+        owner = request["owner"]
+        if not isinstance(owner, str) or not owner.startswith("owner-") or "/" in owner:
+            return None  # given up by its owner (release), or nonsense: nobody holds it
+        lock = _try_lock(self.dir / owner)
+        if lock is not None:
+            lock.release()
+            return None
+        try:
+            return (self.dir / owner).read_text().strip() or "another process"
+        except OSError:
+            return "another process"
+
     # -- a new report -------------------------------------------------------------------
 
-    def add(self, request: dict) -> Claim | None:
-        """Claim a new report, then write its record. None if its id is claimed already:
-        the same report (same event id) is being completed by another process."""
-        fd = _lock(self._lock_path(request["id"]))
-        if fd is None:
+    def add(self, request: dict) -> dict | None:
+        """Write the record of a new report, owned here; returns it as written. None if a
+        record with its id exists already (the same report, made again)."""
+        request = {**request, "owner": self._owner()}
+        temporary = self.spool.tmp / f"pending-{request['id']}.json"
+        temporary.write_text(json.dumps(request))
+        try:
+            os.link(temporary, self._record(request["id"]))  # fails if it exists
+        except FileExistsError:
             return None
-        self._write(request)
-        return Claim(self._lock_path(request["id"]), fd)
+        finally:
+            temporary.unlink(missing_ok=True)
+        return request
+
+    def release(self, request: dict) -> None:
+        """Give up a record owned here that cannot be completed here (its files cannot be
+        read): another process may try."""
+        self._write({**request, "owner": None})
 
     # -- records left behind ------------------------------------------------------------
 
     def take_orphans(self) -> Scan:
-        """Claim every record of this host that no live process holds. Damaged records
-        are moved aside; stale lock files (their record gone) are removed."""
+        """Take over every record of this host whose owner is dead. Damaged records are
+        moved aside; lock files nobody holds are removed."""
         scan = Scan()
         here = hostname()
         for path in sorted(self.dir.glob("*.json")):
@@ -187,35 +265,48 @@ class PendingReports:
             except FileNotFoundError:
                 continue  # completed meanwhile
             except DamagedRecord:
-                request = None  # looked at again under the claim
-            if request is not None and request.get("host") != here:
-                scan.foreign.append(request)
-                continue
+                request = None  # looked at again under the lock
+            if request is not None:
+                if request.get("host") != here:
+                    scan.foreign.append(request)
+                    continue
+                if request.get("owner") == self._mine():
+                    continue  # queued here already
+                holder = self._live_owner(request)
+                if holder is not None:
+                    scan.busy.append((request, holder))
+                    continue
             lock_path = self.dir / f"{path.stem}.lock"
             fd = _lock(lock_path)
             if fd is None:
-                if request is not None:
-                    scan.busy.append((request, _holder(lock_path)))
-                continue
-            claim = Claim(lock_path, fd)
-            # Read again under the claim: its holder may have finished it, or written
-            # its event into it, since.
+                continue  # another process is taking it over right now
+            lock = _Lock(lock_path, fd)
             try:
-                request = parse(path.read_bytes(), path.name)
-            except FileNotFoundError:
-                claim.drop()
-                continue
-            except DamagedRecord as exc:
-                scan.set_aside.append((self._set_aside(path, str(exc)), str(exc)))
-                claim.drop()
-                continue
-            if request.get("host") != here:
-                scan.foreign.append(request)
-                claim.drop()
-                continue
-            scan.claimed.append((request, claim))
-        self._remove_stale_locks()
+                self._take_over(path, scan)
+            finally:
+                lock.drop()
+        self._remove_dead_locks()
         return scan
+
+    def _take_over(self, path: Path, scan: Scan) -> None:
+        # Read again under the lock: it may have been completed, or taken, since.
+        try:
+            request = parse(path.read_bytes(), path.name)
+        except FileNotFoundError:
+            return
+        except DamagedRecord as exc:
+            scan.set_aside.append((self._set_aside(path, str(exc)), str(exc)))
+            return
+        if request.get("host") != hostname():
+            scan.foreign.append(request)
+            return
+        holder = self._live_owner(request)
+        if holder is not None:
+            scan.busy.append((request, holder))
+            return
+        request["owner"] = self._owner()
+        self._write(request)
+        scan.claimed.append(request)
 
     def _set_aside(self, path: Path, why: str) -> Path:
         aside = self.spool.rejected / f"pending-{path.name}"
@@ -230,29 +321,22 @@ class PendingReports:
         log.error("lifeboat: %s; it is kept in %s", note["error"], aside)
         return aside
 
-    def _remove_stale_locks(self) -> None:
-        for lock_path in self.dir.glob("*.lock"):
-            if self._record(lock_path.stem).exists():
+    def _remove_dead_locks(self) -> None:
+        """Remove lock files nobody holds: of owners that died, of takers that died."""
+        for path in self.dir.glob("*.lock"):
+            if path.name == self._mine():
                 continue
-            fd = _lock(lock_path)
-            if fd is None:
-                continue  # a writer holds it and is about to write its record
-            claim = Claim(lock_path, fd)
-            if self._record(lock_path.stem).exists():
-                claim.release()
-            else:
-                claim.drop()
+            lock = _try_lock(path)
+            if lock is not None:
+                lock.drop()
 
     # -- completing one -----------------------------------------------------------------
 
-    def complete(
-        self, request: dict, claim: Claim, on_read: Callable[[int], None] | None = None
-    ) -> dict:
-        """Finish a claimed record: spool its event (made now by hashing the files, or
-        the one a previous holder made), then remove the record and its lock. Returns
-        the event. Raises OSError when the files cannot be read (permissions, I/O) and
-        SpoolFull when the spool has no room; the record then stays for a later try.
-        The caller releases the claim in any case."""
+    def complete(self, request: dict, on_read: Callable[[int], None] | None = None) -> dict:
+        """Finish a record owned here: spool its event (made now by hashing the files, or
+        the one a previous owner made), then remove the record. Returns the event.
+        Raises OSError when the files cannot be read (permissions, I/O) and SpoolFull when
+        the spool has no room; the record then stays for a later try."""
         event = request.get("event")
         if event is None:
             event = self._hash(request, on_read)
@@ -260,7 +344,6 @@ class PendingReports:
         if not self.spool.put(event):
             raise SpoolFull(f"the spool at {self.spool.dir} is full; {label(request)} waits")
         self._record(request["id"]).unlink(missing_ok=True)
-        claim.drop()
         return event
 
     def _hash(self, request: dict, on_read: Callable[[int], None] | None) -> dict:
@@ -292,10 +375,3 @@ class PendingReports:
         files = describe(request["location"], on_read)
         compare_listing(request["listed"], {f["path"]: f["size"] for f in files})
         return files
-
-
-def _holder(lock_path: Path) -> str:
-    try:
-        return lock_path.read_text().strip() or "another process"
-    except OSError:
-        return "another process"

@@ -365,14 +365,14 @@ class Run:
             "pid": os.getpid(),
             "host": hostname(),
         }
-        claim = self.pending.add(request)
-        if claim is None:
+        request = self.pending.add(request)
+        if request is None:
             report.error = RuntimeError(
-                f"checkpoint report {report.event_id} is being completed by another process"
+                f"checkpoint report {report.event_id} is pending already (reported twice?)"
             )
             report._done.set()
             return report
-        self._hash_queue.put((request, claim, report))
+        self._hash_queue.put((request, report))
         return report
 
     def _hash_loop(self) -> None:
@@ -386,11 +386,13 @@ class Run:
                 self._recover_pending()
                 continue
             if item is None:
-                self._release_queued()
+                # Reports still queued (recovered while the run closed) stay on disk;
+                # closing the owner frees them for the next process.
+                self.pending.close()
                 return
-            request, claim, report = item
+            request, report = item
             try:
-                report.event = self.pending.complete(request, claim)
+                report.event = self.pending.complete(request)
                 self.sender.wake()
                 if report.event["type"] == "checkpoint.failed":
                     log.error("lifeboat: %s", report.event["error"])
@@ -398,21 +400,11 @@ class Run:
                 if isinstance(exc, OSError):
                     self._unreadable.add(request["id"])
                     log.error("lifeboat: could not complete %s: %s", label(request), exc)
+                    with contextlib.suppress(OSError):
+                        self.pending.release(request)
                 report.error = exc
             finally:
-                claim.release()
                 report._done.set()
-
-    def _release_queued(self) -> None:
-        """Let go of reports recovered after the run began to close: still on disk, the
-        next lifeboat process completes them."""
-        while True:
-            try:
-                item = self._hash_queue.get_nowait()
-            except queue.Empty:
-                return
-            if item is not None:
-                item[1].release()
 
     def _recover_pending(self) -> None:
         """Queue the checkpoint reports that a dead process on this host left unfinished
@@ -422,10 +414,10 @@ class Run:
         except OSError as exc:
             log.error("lifeboat: could not look at %s: %s", self.pending.dir, exc)
             return
-        for request, claim in scan.claimed:
+        for request in scan.claimed:
             if request["id"] in self._unreadable:
-                claim.release()
+                self.pending.release(request)
                 continue
             log.info("lifeboat: completing the report of %s left by a dead process", label(request))
             report = CheckpointReport(request["id"], request["location"], request["step"])
-            self._hash_queue.put((request, claim, report))
+            self._hash_queue.put((request, report))

@@ -290,3 +290,23 @@ def test_a_report_of_another_host_is_left_for_that_host(env, root):
     assert "1 pending checkpoint report(s) of host(s) node-17 are left for a lifeboat" in done.out
     assert (spool.pending / f"{record['id']}.json").exists()
     assert not list(spool.pending.glob("*.lock")) and not Event.objects.exists()
+
+
+def test_reports_queued_beyond_the_descriptor_limit_are_all_delivered(env, root):
+    # A sidecar started beside hundreds of old checkpoints queues them all at once; the
+    # pending records it owns must not cost a file descriptor each.
+    checkpoint = root / "step.pt"
+    write_big(checkpoint, mib=2)
+    job = run_script(
+        f"""
+        import resource, lifeboat
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+        with lifeboat.Run(handle_signals=False) as run:
+            reports = [run.checkpoint({str(checkpoint)!r}, step=step) for step in range(300)]
+            print("queued at once:", sum(not report.done() for report in reports))
+        """,
+        env,
+    )
+    assert job.returncode == 0, job.stderr_text
+    assert int(job.stdout_text.split(":")[1]) > 100, job.stdout_text
+    assert Checkpoint.objects.filter(run__key="job-k").count() == 300
