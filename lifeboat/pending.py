@@ -3,7 +3,7 @@
 `Run.checkpoint()` writes a record, `pending/<event id>.json` (where, which step, the
 event id and time chosen at report time), before it returns, and hashes the files on a
 background thread. If the process dies first, any lifeboat process on the same host with
-the same spool completes the record: a job when it starts (and every 30 s while it runs),
+the same spool completes the record: a job when it starts (and when its hashing thread idles 30 s),
 `lifeboat watch` likewise, `lifeboat flush` at once. Completing is what the job would
 have done: hash the files by the same rules (lifeboat.files.describe) and spool
 `checkpoint.saved` with the record's event id and time, or `checkpoint.failed` with the
