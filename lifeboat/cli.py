@@ -12,6 +12,18 @@ import threading
 
 from lifeboat.config import Config, ConfigError
 
+PROGRESS_FROM = 64 * 1024 * 1024  # a checkpoint this big gets a progress line when hashed
+FLUSH_HELP = """Deliver the spool now, e.g. after a crash.
+
+First it completes the checkpoint reports that a dead lifeboat process on this host
+left in the spool's pending/ (a job killed while it hashed a checkpoint): it hashes the
+files that are there and spools checkpoint.saved with the event id the job chose, or
+checkpoint.failed with the reason when the files are gone or changed while they were
+hashed. A report another live process is working on is left to it; two flushes at once
+complete each report once. A record that cannot be read is moved to rejected/. Then it
+sends every spooled event. Exit status 0 when all is delivered, 4 when something is
+left (the server is unreachable, or a report could not be completed)."""
+
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", help="the server (default: $LIFEBOAT_URL)")
@@ -66,12 +78,66 @@ def _latest(args) -> int:
     return 0
 
 
+def _complete_pending(spool) -> bool:
+    """Complete the checkpoint reports that dead processes on this host left, saying what
+    became of each; a progress line while a big one is hashed. False if one could not be
+    completed (it stays for a later try)."""
+    from lifeboat.pending import PendingReports
+
+    reports = PendingReports(spool)
+    try:
+        return _complete_each(reports, reports.take_orphans())
+    finally:
+        reports.close()  # what could not be completed is free for the next process
+
+
+def _complete_each(reports, scan) -> bool:
+    from lifeboat.files import total_size
+    from lifeboat.pending import label
+    from lifeboat.progress import Progress
+
+    # Damaged records set aside are logged (with where they are kept) by take_orphans.
+    for request, holder in scan.busy:
+        print(f"lifeboat: {label(request)} is being completed by {holder}")
+    hosts = sorted({str(request.get("host")) for request in scan.foreign})
+    if hosts:
+        print(
+            f"lifeboat: {len(scan.foreign)} pending checkpoint report(s) of host(s) "
+            f"{', '.join(hosts)} are left for a lifeboat process there"
+        )
+    complete = True
+    for request in scan.claimed:
+        try:
+            total = total_size(request["location"]) if "event" not in request else 0
+        except OSError:
+            total = 0
+        bar = Progress(total, f"hashing {request['location']}", enabled=total >= PROGRESS_FROM)
+        try:
+            event = reports.complete(request, bar.add)
+        except OSError as exc:
+            print(f"lifeboat: could not complete {label(request)}: {exc}", file=sys.stderr)
+            complete = False
+            continue
+        finally:
+            bar.close()
+        if event["type"] == "checkpoint.saved":
+            size = sum(f["size"] for f in event["files"])
+            print(
+                f"lifeboat: completed the report of {label(request)}: checkpoint.saved, "
+                f"{len(event['files'])} file(s), {size:,} bytes"
+            )
+        else:
+            print(f"lifeboat: reported {label(request)} as checkpoint.failed: {event['error']}")
+    return complete
+
+
 def _flush(args) -> int:
     from lifeboat.sender import Sender
     from lifeboat.spool import Spool
 
     config = Config.resolve(url=args.url, token=args.token, spool_dir=args.spool_dir)
     spool = Spool(config.spool_dir, config.spool_max_bytes)
+    completed = _complete_pending(spool)
     sender = Sender(config, spool)
     before = len(spool.names())
     empty = sender.flush(args.timeout)
@@ -84,7 +150,7 @@ def _flush(args) -> int:
             "lifeboat: another lifeboat process is this spool's sender; it delivers them",
             file=sys.stderr,
         )
-    return 0 if empty else 4
+    return 0 if empty and completed else 4
 
 
 def _spool(args) -> int:
@@ -119,8 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     latest.add_argument("--quiet", action="store_true", help="no progress bar")
     _common(latest)
 
-    flush = commands.add_parser("flush", help="deliver the spooled events now")
-    flush.add_argument("--timeout", type=float, default=60.0)
+    flush = commands.add_parser(
+        "flush",
+        help="complete left checkpoint reports and deliver the spool now",
+        description=FLUSH_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    flush.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds to keep delivering (default 60)"
+    )
     _common(flush)
 
     spool = commands.add_parser("spool", help="what is waiting in the spool")

@@ -4,24 +4,66 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 CHUNK = 1024 * 1024
 
 
-def hash_file(path: str | os.PathLike) -> tuple[str, int]:
-    """(sha256, size) of the bytes actually read, so the two always agree even if the
-    file changed on disk meanwhile. hashlib releases the GIL on big updates, so the
-    training loop keeps running while a background thread hashes gigabytes."""
+def _read_hashing(handle, on_read: Callable[[int], None] | None) -> tuple[str, int]:
     digest = hashlib.sha256()
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
     size = 0
-    with open(path, "rb", buffering=0) as handle:
-        while count := handle.readinto(buffer):
-            digest.update(view[:count])
-            size += count
+    while count := handle.readinto(buffer):
+        digest.update(view[:count])
+        size += count
+        if on_read is not None:
+            on_read(count)
     return digest.hexdigest(), size
+
+
+def hash_file(
+    path: str | os.PathLike, on_read: Callable[[int], None] | None = None
+) -> tuple[str, int]:
+    """(sha256, size) of the bytes actually read, so the two always agree even if the
+    file changed on disk meanwhile. hashlib releases the GIL on big updates, so the
+    training loop keeps running while a background thread hashes gigabytes.
+    `on_read(count)` is called after every chunk (a progress line)."""
+    with open(path, "rb", buffering=0) as handle:
+        return _read_hashing(handle, on_read)
+
+
+class ChangedWhileHashing(Exception):
+    """A file of a checkpoint was written to, replaced or removed while it was being
+    hashed: the bytes read are not a file that exists on disk. The message says how."""
+
+
+def hash_unchanged(
+    path: str | os.PathLike, on_read: Callable[[int], None] | None = None
+) -> tuple[str, int]:
+    """(sha256, size) of a file that stayed the same while it was read: the bytes read
+    equal its size when hashing began and when it ended, its mtime did not move, and its
+    name still leads to the same file. Otherwise ChangedWhileHashing; FileNotFoundError
+    if it is gone before it is opened."""
+    with open(path, "rb", buffering=0) as handle:
+        before = os.fstat(handle.fileno())
+        sha256, size = _read_hashing(handle, on_read)
+        after = os.fstat(handle.fileno())
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        raise ChangedWhileHashing(f"{path} was removed while it was being hashed") from None
+    if size != before.st_size or after.st_size != before.st_size:
+        raise ChangedWhileHashing(
+            f"{path} changed size while it was being hashed: {before.st_size:,} bytes when "
+            f"hashing began, {size:,} read, {after.st_size:,} at the end"
+        )
+    if after.st_mtime_ns != before.st_mtime_ns:
+        raise ChangedWhileHashing(f"{path} was written to while it was being hashed")
+    if not os.path.samestat(before, now):
+        raise ChangedWhileHashing(f"{path} was replaced by another file while it was being hashed")
+    return sha256, size
 
 
 def sha256_of(path: str | os.PathLike) -> str:
@@ -48,18 +90,49 @@ def list_files(location: str | os.PathLike) -> list[Path]:
     return found
 
 
-def describe(location: str | os.PathLike) -> list[dict]:
+def describe(
+    location: str | os.PathLike, on_read: Callable[[int], None] | None = None
+) -> list[dict]:
     """[{path, size, sha256}] for a checkpoint file or directory; paths relative to the
-    directory (for a single file, its own name), with '/' as separator."""
+    directory (for a single file, its own name), with '/' as separator. Raises
+    FileNotFoundError if it (or a file in it) is gone, ChangedWhileHashing if a file
+    changed while it was read: what is reported was on disk, whole, as it is."""
     root = Path(location)
     files = list_files(root)
     base = root.parent if root.is_file() else root
     described = []
     for path in files:
-        sha256, size = hash_file(path)
+        sha256, size = hash_unchanged(path, on_read)
         relative = path.relative_to(base).as_posix()
         described.append({"path": relative, "size": size, "sha256": sha256})
     return described
+
+
+def listing(location: str | os.PathLike) -> dict[str, int]:
+    """{path: size} of a checkpoint's files now, paths as describe() gives them."""
+    root = Path(location)
+    base = root.parent if root.is_file() else root
+    return {path.relative_to(base).as_posix(): path.stat().st_size for path in list_files(root)}
+
+
+class FilesGone(FileNotFoundError):
+    """Files of a checkpoint that were there when hashing began are gone; names them."""
+
+
+def compare_listing(then: dict[str, int], now: dict[str, int]) -> None:
+    """Raise FilesGone if a file of `then` is missing from `now`, ChangedWhileHashing if
+    one changed size or appeared; both name the files."""
+    gone = sorted(set(then) - set(now))
+    if gone:
+        raise FilesGone(f"{', '.join(gone)} (there when hashing began)")
+    changed = [
+        f"{path} was {then[path]:,} bytes when hashing began and is {now[path]:,} now"
+        for path in sorted(then)
+        if then[path] != now[path]
+    ]
+    changed += [f"{path} appeared since hashing began" for path in sorted(set(now) - set(then))]
+    if changed:
+        raise ChangedWhileHashing("; ".join(changed))
 
 
 def total_size(location: str | os.PathLike) -> int:

@@ -16,7 +16,6 @@ files are listed and hashed on another background thread.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import queue
@@ -26,12 +25,11 @@ import time
 import traceback
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from lifeboat.config import Config, default_run_key, hostname, process_rank
-from lifeboat.files import describe
-from lifeboat.sender import Sender, pid_alive
+from lifeboat.pending import RESCAN_S, PendingReports, build_event, label
+from lifeboat.sender import Sender
 from lifeboat.spool import Spool
 
 log = logging.getLogger("lifeboat")
@@ -107,6 +105,7 @@ class Run:
         resumed_from: int | str | None = None,
         heartbeat_s: float = 60.0,
         metrics_flush_s: float = 10.0,
+        pending_rescan_s: float = RESCAN_S,
         spool_dir: str | os.PathLike | None = None,
         handle_signals: bool = True,
         enabled: bool | None = None,
@@ -127,6 +126,8 @@ class Run:
         self.resumed_from = resumed_from or os.environ.get("LIFEBOAT_RESUMED_FROM") or None
         self.heartbeat_s = heartbeat_s
         self.metrics_flush_s = metrics_flush_s
+        # How often an idle hash thread completes reports that dead processes left.
+        self.pending_rescan_s = pending_rescan_s
         self.handle_signals = handle_signals
         # False for a sidecar (`lifeboat watch`): it reports checkpoints, while the job
         # itself owns run.started / finished / failed and the heartbeats.
@@ -146,10 +147,14 @@ class Run:
             self.config = None
             self.spool = None
             self.sender = None
+            self.pending = None
             return
         self.config = Config.resolve(url=url, token=token, project=project, spool_dir=spool_dir)
         self.spool = Spool(self.config.spool_dir, self.config.spool_max_bytes)
         self.sender = Sender(self.config, self.spool)
+        self.pending = PendingReports(self.spool)
+        # Records whose files this process could not read: not tried again every rescan.
+        self._unreadable: set[str] = set()
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -276,13 +281,9 @@ class Run:
         """Spool one v1 event (None fields left out) and wake the sender."""
         if not self.enabled:
             return None
-        event = {
-            "id": event_id or str(uuid.uuid4()),
-            "type": type_,
-            "run": run_key or self.key,
-            "time": time or now_iso(),
-        }
-        event.update({k: v for k, v in fields.items() if v is not None})
+        event = build_event(
+            type_, event_id or str(uuid.uuid4()), run_key or self.key, time or now_iso(), **fields
+        )
         self.spool.put(event)
         self.sender.wake()
         return event
@@ -342,8 +343,9 @@ class Run:
     ) -> CheckpointReport:
         """Report a checkpoint the job has finished writing at `path` (a file or a
         directory). Returns at once: the files are hashed on a background thread and sent
-        as `checkpoint.saved`. A crash before that is survived: the request is on disk
-        and the next lifeboat process on this host completes it."""
+        as `checkpoint.saved`. A crash before that is survived: the report is on disk
+        (lifeboat/pending.py) and any lifeboat process on this host with the same spool
+        completes it."""
         location = os.path.abspath(os.fspath(path))
         report = CheckpointReport(event_id or str(uuid.uuid4()), location, int(step))
         if not self.enabled:
@@ -363,72 +365,59 @@ class Run:
             "pid": os.getpid(),
             "host": hostname(),
         }
-        # Not fsynced: this guards against the training process dying (the page cache
-        # survives that), and an fsync here would put disk latency into the training loop.
-        pending = self.spool.pending / f"{report.event_id}.json"
-        pending.write_text(json.dumps(request))
-        self._hash_queue.put((request, pending, report))
+        request = self.pending.add(request)
+        if request is None:
+            report.error = RuntimeError(
+                f"checkpoint report {report.event_id} is pending already (reported twice?)"
+            )
+            report._done.set()
+            return report
+        self._hash_queue.put((request, report))
         return report
 
     def _hash_loop(self) -> None:
         _lower_this_threads_priority()
         while True:
-            item = self._hash_queue.get()
-            if item is None:
-                return
-            request, pending, report = item
             try:
-                report.event = complete_pending(self, request, pending)
+                item = self._hash_queue.get(timeout=self.pending_rescan_s)
+            except queue.Empty:
+                # Idle: complete what a process that died meanwhile left (a sibling job
+                # on this host with the same spool, a job beside this sidecar).
+                self._recover_pending()
+                continue
+            if item is None:
+                # Reports still queued (recovered while the run closed) stay on disk;
+                # closing the owner frees them for the next process.
+                self.pending.close()
+                return
+            request, report = item
+            try:
+                report.event = self.pending.complete(request)
+                self.sender.wake()
+                if report.event["type"] == "checkpoint.failed":
+                    log.error("lifeboat: %s", report.event["error"])
             except BaseException as exc:  # noqa: BLE001 (handed to the waiter)
+                if isinstance(exc, OSError):
+                    self._unreadable.add(request["id"])
+                    log.error("lifeboat: could not complete %s: %s", label(request), exc)
+                    with contextlib.suppress(OSError):
+                        self.pending.release(request)
                 report.error = exc
             finally:
                 report._done.set()
 
     def _recover_pending(self) -> None:
-        """Queue the checkpoint reports a dead predecessor on this host left unfinished
+        """Queue the checkpoint reports that a dead process on this host left unfinished
         (hashed on the background thread like any other report)."""
-        for path in sorted(self.spool.pending.glob("*.json")):
-            try:
-                request = json.loads(path.read_text())
-            except (OSError, ValueError):
+        try:
+            scan = self.pending.take_orphans()
+        except OSError as exc:
+            log.error("lifeboat: could not look at %s: %s", self.pending.dir, exc)
+            return
+        for request in scan.claimed:
+            if request["id"] in self._unreadable:
+                self.pending.release(request)
                 continue
-            if request.get("host") != hostname() or pid_alive(int(request.get("pid", 0))):
-                continue
-            log.info(
-                "lifeboat: completing the report of %s left by a previous process",
-                request.get("location"),
-            )
+            log.info("lifeboat: completing the report of %s left by a dead process", label(request))
             report = CheckpointReport(request["id"], request["location"], request["step"])
-            self._hash_queue.put((request, path, report))
-
-
-def complete_pending(run: Run, request: dict, pending: Path) -> dict:
-    """Hash a reported checkpoint and spool its `checkpoint.saved` (or, if its files are
-    gone, `checkpoint.failed`), then drop the pending record. The event keeps the id given
-    at report time, so doing this twice sends one event."""
-    try:
-        files = describe(request["location"])
-    except FileNotFoundError as exc:
-        event = run.emit(
-            "checkpoint.failed",
-            event_id=request["id"],
-            time=request["time"],
-            run_key=request["run"],
-            step=request["step"],
-            error=f"the reported checkpoint is gone before it could be hashed: {exc}",
-        )
-        pending.unlink(missing_ok=True)
-        log.error("lifeboat: %s", event["error"])
-        return event
-    fields = {k: request.get(k) for k in ("step", "epoch", "metrics", "save_seconds", "format")}
-    event = run.emit(
-        "checkpoint.saved",
-        event_id=request["id"],
-        time=request["time"],
-        run_key=request["run"],
-        location=request["location"],
-        files=files,
-        **fields,
-    )
-    pending.unlink(missing_ok=True)
-    return event
+            self._hash_queue.put((request, report))

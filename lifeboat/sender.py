@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
 import random
 import threading
 import time
@@ -177,13 +176,3 @@ class Sender:
                 self.spool.dir,
             )
         return False
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

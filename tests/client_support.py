@@ -1,9 +1,11 @@
 """What the client tests share: a Lifeboat web server they can stop and start again at
-the same address, and a way to run a training script in its own process."""
+the same address, a way to run a training script in its own process, and a way to stop
+or kill a process while it is hashing a given file (seen in /proc)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -61,3 +63,43 @@ def train_digits(server, token: str, tmp_path, run: str, *, seed: int = 0, epoch
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return env
+
+
+def _hashing_fd(pid: int, path) -> str | None:
+    """The fd number under which process `pid` has `path` open, if it has."""
+    folder = f"/proc/{pid}/fd"
+    for fd in os.listdir(folder):
+        try:
+            if os.readlink(f"{folder}/{fd}") == str(path):
+                return fd
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def stop_while_hashing(process: subprocess.Popen, path, timeout: float = 60) -> int:
+    """Stop `process` (SIGSTOP) while it has `path` open and has not read it to its end,
+    i.e. in the middle of hashing it; returns how far it had read. The caller SIGCONTs
+    or SIGKILLs it."""
+    from tests.conftest import wait_for
+
+    size = os.path.getsize(path)
+    fd = wait_for(lambda: _hashing_fd(process.pid, path), timeout, interval=0.001)
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        with open(f"/proc/{process.pid}/fdinfo/{fd}") as info:
+            position = int(info.readline().split()[1])  # "pos:\t<offset>"
+    except FileNotFoundError:
+        position = size  # it closed the file between our two looks: done hashing
+    assert position < size, f"{path} was hashed to its end before the process was stopped"
+    return position
+
+
+def kill_while_hashing(process: subprocess.Popen, path, timeout: float = 60) -> int:
+    """SIGKILL `process` in the middle of hashing `path`; returns how far it had read."""
+    try:
+        position = stop_while_hashing(process, path, timeout)
+    finally:
+        process.kill()
+        process.wait(30)
+    return position
