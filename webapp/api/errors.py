@@ -83,6 +83,9 @@ def validation_message(errors: list) -> str:
     first = errors[0] if errors else {}
     loc = ".".join(str(p) for p in first.get("loc", ())[1:])
     message = first.get("msg", "invalid")
-    if (first.get("ctx") or {}).get("pattern") == NO_NUL:
+    ctx = first.get("ctx") or {}
+    if ctx.get("pattern") == NO_NUL:
         message = "must not contain NUL (\\u0000)"
+    elif first.get("type") == "literal_error":
+        message = f"must be one of {ctx.get('expected', '').replace(' or ', ', ')}"
     return f"{loc or 'request'}: {message}"
