@@ -8,9 +8,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
-from tests.conftest import queued_tasks
+from tests.conftest import queued_tasks, run_together
 from tests.test_dashboard import as_user, make_checkpoint, make_run, member
 from tests.test_dashboard_recovery import with_replica
 from webapp.domain.models import Event, Validation
@@ -162,3 +163,32 @@ def test_replicate_twice_queues_each_copy_once_from_either_door(
     [event] = audit("checkpoint.replication_requested")
     assert event.data == {"replicas": first["replicas"]} and "token:all asked" in event.message
     assert len(queued_tasks(queues, "replicate")) == 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite has no row locks")
+@pytest.mark.parametrize("action", ["validate", "restore-test"])
+def test_requests_at_the_same_moment_make_one_request(token, project, queues, action):
+    from django.db import close_old_connections
+    from django.test import Client
+
+    checkpoint = make_checkpoint(make_run(project, "r"), 10)
+    with_replica(checkpoint)
+    answers = []
+
+    def ask():
+        try:
+            response = Client().post(
+                f"/api/v1/checkpoints/{checkpoint.pk}/{action}",
+                HTTP_AUTHORIZATION=f"Bearer {token}",
+            )
+            answers.append((response.status_code, response.json()))
+        finally:
+            close_old_connections()
+            connection.close()
+
+    run_together(ask, [()] * 8)
+    [validation] = Validation.objects.all()
+    assert sorted(a[0] for a in answers) == [202] * 8
+    assert {a[1]["validation"] for a in answers} == {validation.pk}
+    assert sorted(a[1]["coalesced"] for a in answers) == [False] + [True] * 7
+    assert Event.objects.filter(type__endswith="_requested").count() == 1

@@ -62,8 +62,9 @@ def pending(checkpoint: Checkpoint, kind: str, now=None) -> tuple[Validation | N
 
 def lock(checkpoint_id: int, project=None) -> Checkpoint:
     """The checkpoint, locked until the caller's transaction ends; DoesNotExist if it is
-    not there (or not in `project`)."""
-    rows = Checkpoint.objects.select_for_update().select_related("project", "run")
+    not there (or not in `project`). Only its row: its run and project are read, not
+    locked, so an action never holds a run's lock that ingest takes (in its own order)."""
+    rows = Checkpoint.objects.select_for_update(of=("self",)).select_related("project", "run")
     if project is not None:
         rows = rows.filter(project=project)
     return rows.get(pk=checkpoint_id)
