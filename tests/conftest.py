@@ -425,6 +425,11 @@ class WebServer:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**env, "ALLOWED_HOSTS": "127.0.0.1,localhost", **overrides}
+        # A file, not a pipe: nobody reads a pipe while the server runs, and once its
+        # buffer is full (a warning per 4xx answer) every worker blocks on its next line.
+        import tempfile
+
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115  (closed with the object)
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -443,7 +448,7 @@ class WebServer:
             cwd=ROOT,
             env=self.env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self.log,
         )
         import urllib.request
 
@@ -453,7 +458,7 @@ class WebServer:
                 return True
             except OSError:
                 if self.process.poll() is not None:
-                    raise RuntimeError(self.process.stderr.read().decode()) from None
+                    raise RuntimeError(self.output()) from None
                 return False
 
         wait_for(up, timeout=30, interval=0.2)
@@ -472,6 +477,11 @@ class WebServer:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
+
+    def output(self) -> str:
+        """What the server wrote to stderr so far (its log)."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
 
     def stop(self) -> None:
         self.process.terminate()

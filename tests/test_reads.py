@@ -57,7 +57,7 @@ def test_list_checkpoints_filters_by_status_and_pages_by_step(api, read_token, h
 def test_list_checkpoints_rejects_an_unknown_status(api, read_token, history):
     response = api.get(read_token, "/runs/exp/a/checkpoints", status="great")
     assert response.status_code == 400
-    assert response.json()["error"].startswith("status must be one of")
+    assert response.json()["error"].startswith("status: must be one of 'saving', 'failed'")
 
 
 def test_latest_is_the_newest_verified_checkpoint_with_its_verified_replicas(

@@ -213,6 +213,9 @@ METRICS_PUBLIC = env_bool("METRICS_PUBLIC", False)
 LATENCY_FLUSH_MS = env_int("LATENCY_FLUSH_MS", 1000, minimum=0)
 
 # --- Ingest API ----------------------------------------------------------------------
+# Outermost: whatever answers under /api/ (a CSRF page, a 405, a 400 for a bad Host)
+# answers JSON (webapp/api/json_everywhere.py).
+MIDDLEWARE.insert(0, "webapp.api.json_everywhere.JsonErrorsUnderApi")
 # Threads per web process (webapp/asgi.py) for the requests that are not single events:
 # pages, reads, batches. Each holds its own database connection.
 WEB_THREADS = env_int("WEB_THREADS", 8, minimum=1)

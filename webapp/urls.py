@@ -2,13 +2,14 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 
 from webapp.api.errors import error_response
+from webapp.api.json_everywhere import api_not_found
 from webapp.api.urls import api
 from webapp.ops.health import healthz
 from webapp.ops.metrics import metrics_view
 
 urlpatterns = [
     path("api/v1/", api.urls),
-    re_path(r"^api/", lambda request: handler404(request)),
+    re_path(r"^api/", api_not_found),
     path("metrics", metrics_view, name="metrics"),
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),

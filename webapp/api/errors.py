@@ -5,8 +5,15 @@ from __future__ import annotations
 import logging
 
 from django.http import JsonResponse
+from ninja import Schema
 
 log = logging.getLogger(__name__)
+
+
+class ErrorOut(Schema):
+    """What every error answer holds; some add details (events: index and field)."""
+
+    error: str
 
 
 class ApiError(Exception):
@@ -40,9 +47,17 @@ def install_handlers(api) -> None:
 
     @api.exception_handler(NinjaValidationError)
     def on_validation_error(request, exc):
-        first = exc.errors[0] if exc.errors else {}
-        loc = ".".join(str(p) for p in first.get("loc", ())[1:])
-        return error_response(400, f"{loc or 'request'}: {first.get('msg', 'invalid')}")
+        return error_response(400, validation_message(exc.errors))
+
+    from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+
+    @api.exception_handler(RequestDataTooBig)
+    def on_body_too_big(request, exc):
+        return error_response(413, f"request body too large: {exc}")
+
+    @api.exception_handler(SuspiciousOperation)
+    def on_suspicious(request, exc):
+        return error_response(400, f"bad request: {exc}")
 
     @api.exception_handler(HttpError)
     def on_http_error(request, exc):
@@ -58,3 +73,19 @@ def install_handlers(api) -> None:
     def on_crash(request, exc):
         log.exception("API error on %s %s", request.method, request.path)
         return error_response(500, "internal error; the server log has the details")
+
+
+def validation_message(errors: list) -> str:
+    """The first error of a parameter or body, with the parameter named: "limit: Input
+    should be less than or equal to 1000"."""
+    from webapp.api.params import NO_NUL
+
+    first = errors[0] if errors else {}
+    loc = ".".join(str(p) for p in first.get("loc", ())[1:])
+    message = first.get("msg", "invalid")
+    ctx = first.get("ctx") or {}
+    if ctx.get("pattern") == NO_NUL:
+        message = "must not contain NUL (\\u0000)"
+    elif first.get("type") == "literal_error":
+        message = f"must be one of {ctx.get('expected', '').replace(' or ', ', ')}"
+    return f"{loc or 'request'}: {message}"

@@ -11,7 +11,7 @@ from django.http import HttpResponse
 from ninja import Router, Schema
 
 from webapp.api.auth import ingest_auth
-from webapp.api.errors import ApiError
+from webapp.api.errors import ApiError, ErrorOut
 from webapp.domain.event_schema import EventError, parse_event
 from webapp.domain.group_commit import apply_events
 
@@ -30,8 +30,9 @@ class IngestOut(Schema):
     results: list[EventResult]
 
 
-class ErrorOut(Schema):
-    error: str
+class EventErrorOut(ErrorOut):
+    """A 400 names the rejected event of a batch (index) and its field."""
+
     index: int | None = None
     field: str | None = None
 
@@ -45,7 +46,8 @@ _BATCH_SCHEMA = {
             "properties": {
                 "events": {
                     "type": "array",
-                    "maxItems": 1000,
+                    "minItems": 1,
+                    "maxItems": settings.EVENTS_MAX_BATCH,
                     "items": {"$ref": "#/components/schemas/AnyEvent"},
                 }
             },
@@ -135,8 +137,15 @@ def _unwrap(payload) -> list:
 @router.post(
     "/events",
     auth=ingest_auth,
-    response={202: IngestOut, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 413: ErrorOut},
-    summary="Send one event or a batch of up to 1000",
+    response={
+        202: IngestOut,
+        400: EventErrorOut,
+        401: ErrorOut,
+        403: ErrorOut,
+        413: ErrorOut,
+        415: ErrorOut,
+    },
+    summary="Send one event or a batch of up to EVENTS_MAX_BATCH (1000)",
     openapi_extra={
         "requestBody": {
             "required": True,

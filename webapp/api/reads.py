@@ -1,4 +1,6 @@
-"""Reads and actions on runs and checkpoints (scopes: read, operate).
+"""Reads of runs, checkpoints, resumes and retention (scope read), and the resume,
+cancel and retention actions (scope operate); the actions on a checkpoint are in
+actions.py.
 
 Every query starts from request.auth.project: a run key or checkpoint id of another
 project is simply not found."""
@@ -14,9 +16,24 @@ from django.utils import timezone
 from ninja import Router, Schema, Status
 
 from webapp.api.auth import operate_auth, read_auth
-from webapp.api.errors import ApiError
+from webapp.api.errors import ApiError, ErrorOut
+from webapp.api.lookups import checkpoint_in_project as _checkpoint
+from webapp.api.lookups import run_in_project as _run
+from webapp.api.params import (
+    BeforeStep,
+    BodyIn,
+    CheckpointId,
+    CheckpointStatusFilter,
+    Limit,
+    MtbfHours,
+    Name,
+    Offset,
+    ResumeId,
+    RunKeyPath,
+    RunKeyQuery,
+    RunStatusFilter,
+)
 from webapp.domain.models import Checkpoint, Event, Run
-from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ReplicaStatus
 
 router = Router(tags=["runs and checkpoints"])
@@ -190,32 +207,9 @@ class CheckpointPage(Schema):
     next_before_step: int | None
 
 
-class ErrorOut(Schema):
-    error: str
-
-
-def _run(request, key: str) -> Run:
-    run = Run.objects.filter(project=request.auth.project, key=key).first()
-    if run is None:
-        raise ApiError(404, f"no run {key!r} in this project")
-    return run
-
-
-def _checkpoint(request, checkpoint_id: int) -> Checkpoint:
-    checkpoint = (
-        Checkpoint.objects.select_related("run")
-        .filter(project=request.auth.project, pk=checkpoint_id)
-        .first()
-    )
-    if checkpoint is None:
-        raise ApiError(404, f"no checkpoint {checkpoint_id} in this project")
-    return checkpoint
-
-
 @router.get("/runs", auth=read_auth, response={200: RunPage})
-def list_runs(request, status: str | None = None, limit: int = 100, offset: int = 0):
+def list_runs(request, status: RunStatusFilter = None, limit: Limit = 100, offset: Offset = 0):
     """Runs of the project, most recently active first."""
-    limit = max(1, min(limit, 1000))
     runs = Run.objects.filter(project=request.auth.project)
     if status:
         runs = runs.filter(status=status)
@@ -229,15 +223,16 @@ def list_runs(request, status: str | None = None, limit: int = 100, offset: int 
     "/runs/{path:key}/checkpoints", auth=read_auth, response={200: CheckpointPage, 404: ErrorOut}
 )
 def list_checkpoints(
-    request, key: str, status: str | None = None, limit: int = 100, before_step: int | None = None
+    request,
+    key: RunKeyPath,
+    status: CheckpointStatusFilter = None,
+    limit: Limit = 100,
+    before_step: BeforeStep = None,
 ):
     """Checkpoints of a run, newest step first; filter by status, page with before_step."""
     run = _run(request, key)
-    limit = max(1, min(limit, 1000))
     checkpoints = run.checkpoints.select_related("run")
     if status:
-        if status not in CheckpointStatus.values:
-            raise ApiError(400, f"status must be one of {', '.join(CheckpointStatus.values)}")
         checkpoints = checkpoints.filter(status=status)
     if before_step is not None:
         checkpoints = checkpoints.filter(step__lt=before_step)
@@ -250,7 +245,7 @@ def list_checkpoints(
 
 
 @router.get("/runs/{path:key}/latest", auth=read_auth, response={200: LatestOut, 404: ErrorOut})
-def latest_checkpoint(request, key: str):
+def latest_checkpoint(request, key: RunKeyPath):
     """The newest verified checkpoint of a run, with its verified replicas."""
     run = _run(request, key)
     checkpoint = run.latest_verified_checkpoint()
@@ -262,155 +257,31 @@ def latest_checkpoint(request, key: str):
 @router.get(
     "/runs/{path:key}/analytics", auth=read_auth, response={200: dict[str, Any], 404: ErrorOut}
 )
-def run_analytics(request, key: str, mtbf_hours: float | None = None):
+def run_analytics(request, key: RunKeyPath, mtbf_hours: MtbfHours = None):
     """What checkpointing costs this run, and the Young and Daly intervals for its
     checkpoint time and the project's mean time between failures (docs/analytics.md)."""
     from webapp.domain import analytics
 
-    if mtbf_hours is not None and mtbf_hours <= 0:
-        raise ApiError(400, "mtbf_hours must be > 0")
     mtbf = mtbf_hours * 3600 if mtbf_hours is not None else None
     return analytics.for_run(_run(request, key), mtbf_seconds=mtbf).as_dict()
 
 
 @router.get("/runs/{path:key}", auth=read_auth, response={200: RunOut, 404: ErrorOut})
-def get_run(request, key: str):
+def get_run(request, key: RunKeyPath):
     return _run(request, key)
 
 
 @router.get(
-    "/checkpoints/{int:checkpoint_id}",
+    "/checkpoints/{checkpoint_id}",
     auth=read_auth,
     response={200: CheckpointDetailOut, 404: ErrorOut},
 )
-def get_checkpoint(request, checkpoint_id: int):
+def get_checkpoint(request, checkpoint_id: CheckpointId):
     return _checkpoint(request, checkpoint_id)
 
 
-class ActionOut(Schema):
-    checkpoint: int
-    status: str
-    message: str
-
-
-@router.post(
-    "/checkpoints/{int:checkpoint_id}/validate",
-    auth=operate_auth,
-    response={202: ActionOut, 404: ErrorOut, 409: ErrorOut},
-)
-def validate(request, checkpoint_id: int):
-    """Check the checkpoint again (bits rot). Its status stays as it is until the new
-    check has a verdict; the Validation row shows progress meanwhile."""
-    from workers.validate import validate_checkpoint
-
-    with transaction.atomic():
-        checkpoint = get_object_or_404(
-            Checkpoint.objects.select_for_update(),
-            project=request.auth.project,
-            pk=checkpoint_id,
-        )
-        if checkpoint.status in (CheckpointStatus.SAVING, CheckpointStatus.FAILED):
-            raise ApiError(409, f"checkpoint {checkpoint_id} was never saved; nothing to check")
-        if checkpoint.status == CheckpointStatus.DELETED:
-            raise ApiError(409, f"checkpoint {checkpoint_id} is deleted")
-        Event.objects.create(
-            project=checkpoint.project,
-            run=checkpoint.run,
-            type="checkpoint.validation_requested",
-            step=checkpoint.step,
-            time=timezone.now(),
-            actor=request.auth.actor,
-        )
-        actor = request.auth.actor
-        transaction.on_commit(
-            lambda: validate_checkpoint.apply_async(
-                (checkpoint.pk,), {"requested_by": actor, "revalidate": True}
-            )
-        )
-    return Status(
-        202, {"checkpoint": checkpoint.pk, "status": checkpoint.status, "message": "queued"}
-    )
-
-
-class PinIn(Schema):
-    pinned: bool = True
-
-
-@router.post(
-    "/checkpoints/{int:checkpoint_id}/pin",
-    auth=operate_auth,
-    response={200: ActionOut, 404: ErrorOut},
-)
-def pin(request, checkpoint_id: int, body: PinIn | None = None):
-    """Pin (or, with {"pinned": false}, unpin) a checkpoint: pinned checkpoints are never
-    deleted by a retention policy."""
-    pinned = True if body is None else body.pinned
-    with transaction.atomic():
-        checkpoint = get_object_or_404(
-            Checkpoint.objects.select_for_update(),
-            project=request.auth.project,
-            pk=checkpoint_id,
-        )
-        if checkpoint.pinned != pinned:
-            checkpoint.pinned = pinned
-            checkpoint.save(update_fields=["pinned"])
-            Event.objects.create(
-                project=checkpoint.project,
-                run_id=checkpoint.run_id,
-                type="checkpoint.pinned" if pinned else "checkpoint.unpinned",
-                step=checkpoint.step,
-                time=timezone.now(),
-                actor=request.auth.actor,
-            )
-    return Status(
-        200,
-        {
-            "checkpoint": checkpoint.pk,
-            "status": checkpoint.status,
-            "message": "pinned" if pinned else "unpinned",
-        },
-    )
-
-
-class RestoreTestOut(Schema):
-    checkpoint: int
-    validation: int
-    status: str
-    message: str
-
-
-@router.post(
-    "/checkpoints/{int:checkpoint_id}/restore-test",
-    auth=operate_auth,
-    response={202: RestoreTestOut, 404: ErrorOut, 409: ErrorOut},
-)
-def restore_test(request, checkpoint_id: int):
-    """Prove the checkpoint comes back: download it from a verified replica, verify every
-    file, load it (on a GPU when a GPU worker listens), and time each phase."""
-    from webapp.domain import restore_test as rt
-
-    with transaction.atomic():
-        checkpoint = _checkpoint(request, checkpoint_id)
-        if not checkpoint.replicas.filter(status=ReplicaStatus.VERIFIED).exists():
-            raise ApiError(
-                409,
-                f"checkpoint {checkpoint_id} has no verified replica to restore from; "
-                "replicate it first",
-            )
-        validation = rt.request(checkpoint, requested_by=request.auth.actor)
-    return Status(
-        202,
-        {
-            "checkpoint": checkpoint_id,
-            "validation": validation.pk,
-            "status": validation.status,
-            "message": "restore test queued",
-        },
-    )
-
-
-class ResumeIn(Schema):
-    profile: str
+class ResumeIn(BodyIn):
+    profile: Name
 
 
 class ResumeOut(Schema):
@@ -453,11 +324,11 @@ class ResumeOut(Schema):
 
 
 @router.post(
-    "/checkpoints/{int:checkpoint_id}/resume",
+    "/checkpoints/{checkpoint_id}/resume",
     auth=operate_auth,
     response={202: ResumeOut, 400: ErrorOut, 404: ErrorOut, 409: ErrorOut},
 )
-def resume_from(request, checkpoint_id: int, body: ResumeIn):
+def resume_from(request, checkpoint_id: CheckpointId, body: ResumeIn):
     """Restart the run from this checkpoint with one of the project's launch profiles:
     the checkpoint is restored from a replica first if its local copy is unusable."""
     from webapp.domain import resume as resumes
@@ -487,17 +358,17 @@ def _resume(request, resume_id: int):
     )
 
 
-@router.get("/resumes/{int:resume_id}", auth=read_auth, response={200: ResumeOut, 404: ErrorOut})
-def get_resume(request, resume_id: int):
+@router.get("/resumes/{resume_id}", auth=read_auth, response={200: ResumeOut, 404: ErrorOut})
+def get_resume(request, resume_id: ResumeId):
     return _resume(request, resume_id)
 
 
 @router.post(
-    "/resumes/{int:resume_id}/cancel",
+    "/resumes/{resume_id}/cancel",
     auth=operate_auth,
     response={200: ResumeOut, 404: ErrorOut, 409: ErrorOut},
 )
-def cancel_resume(request, resume_id: int):
+def cancel_resume(request, resume_id: ResumeId):
     from webapp.domain import resume as resumes
 
     resume = _resume(request, resume_id)
@@ -508,64 +379,6 @@ def cancel_resume(request, resume_id: int):
     # The launch host stops it: the process (or Slurm's client) lives there.
     cancel_task.apply_async((resume.pk,), queue=resumes.queue_for(resume.profile))
     return resume
-
-
-class ReplicateIn(Schema):
-    target: str | None = None
-
-
-class ReplicateOut(ActionOut):
-    replicas: list[int]
-
-
-@router.post(
-    "/checkpoints/{int:checkpoint_id}/replicate",
-    auth=operate_auth,
-    response={202: ReplicateOut, 404: ErrorOut, 409: ErrorOut},
-)
-def replicate(request, checkpoint_id: int, body: ReplicateIn | None = None):
-    """Copy the checkpoint to every enabled storage target of the project (or the one
-    named), whatever their policies say. A failed copy is tried again from scratch; a
-    verified copy of the same files is left alone."""
-    from webapp.domain.replication.policy import request as request_replicas
-
-    with transaction.atomic():
-        checkpoint = get_object_or_404(
-            Checkpoint.objects.select_for_update().select_related("project", "run"),
-            project=request.auth.project,
-            pk=checkpoint_id,
-        )
-        if checkpoint.status != CheckpointStatus.VERIFIED:
-            raise ApiError(
-                409,
-                f"checkpoint {checkpoint_id} is {checkpoint.status}; only verified "
-                "checkpoints are copied",
-            )
-        targets = checkpoint.project.storage_targets.filter(enabled=True).order_by("pk")
-        if body is not None and body.target:
-            targets = targets.filter(name=body.target)
-        if not targets:
-            raise ApiError(404, "no enabled storage target of that name in this project")
-        queued = request_replicas(checkpoint, list(targets), by_policy=False)
-        if queued:
-            Event.objects.create(
-                project=checkpoint.project,
-                run=checkpoint.run,
-                type="checkpoint.replication_requested",
-                step=checkpoint.step,
-                time=timezone.now(),
-                actor=request.auth.actor,
-                data={"replicas": queued},
-            )
-    return Status(
-        202,
-        {
-            "checkpoint": checkpoint.pk,
-            "status": checkpoint.status,
-            "message": f"{len(queued)} replica(s) queued" if queued else "already replicated",
-            "replicas": queued,
-        },
-    )
 
 
 class RetentionDecisionOut(Schema):
@@ -585,7 +398,7 @@ class RetentionPlanOut(Schema):
 
 
 @router.get("/retention", auth=read_auth, response={200: RetentionPlanOut, 404: ErrorOut})
-def retention_plan(request, run: str | None = None):
+def retention_plan(request, run: RunKeyQuery = None):
     """The dry run of the project's retention policies: every checkpoint (local copies)
     and replica, whether it would be deleted, and why."""
     from webapp.domain import retention

@@ -3,8 +3,10 @@ from __future__ import annotations
 from ninja import NinjaAPI
 from pydantic import TypeAdapter
 
-from webapp.api import events, reads
+from webapp.api import actions, events, reads
+from webapp.api.documented_errors import declare_errors
 from webapp.api.errors import install_handlers
+from webapp.api.params import ObjectBodies
 from webapp.domain.event_schema import AnyEvent
 
 
@@ -19,7 +21,7 @@ class LifeboatAPI(NinjaAPI):
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(event_schema.pop("$defs", {}))
         components["AnyEvent"] = event_schema
-        return schema
+        return declare_errors(schema)
 
 
 api = LifeboatAPI(
@@ -29,7 +31,9 @@ api = LifeboatAPI(
     urls_namespace="api",
     openapi_url="/openapi.json",
     docs_url="/docs",
+    parser=ObjectBodies(),
 )
 install_handlers(api)
 api.add_router("/", events.router)
 api.add_router("/", reads.router)
+api.add_router("/", actions.router)

@@ -3,8 +3,8 @@ time each phase) and a resume (restart the run from this checkpoint with a launc
 profile, after a confirmation that shows exactly the command that will run).
 
 Both are for operators; both call the same domain functions as the API
-(webapp.domain.restore_test.request, webapp.domain.resume.request) inside a transaction,
-so their tasks are queued only once it commits."""
+(webapp.domain.checkpoint_requests.request_restore_test, webapp.domain.resume.request),
+which queue their tasks only once their transaction commits."""
 
 from __future__ import annotations
 
@@ -12,61 +12,32 @@ import hashlib
 
 from django.contrib import messages
 from django.db import transaction
-from django.shortcuts import get_object_or_404, redirect, render
-from django.utils import timezone
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import actor_of, project_view
 from webapp.dashboard.views import _after_action, _get_checkpoint, resume_refusal
-from webapp.domain.models import Checkpoint, Event, Validation
+from webapp.domain.models import Checkpoint
+from webapp.domain.models.checkpoints import CheckpointActionRefused
 from webapp.domain.models.projects import Role
-from webapp.domain.models.recovery import ReplicaStatus, ValidationKind, ValidationStatus
 
 
 @require_POST
 @project_view(Role.OPERATOR)
 def checkpoint_restore_test(request, checkpoint_id: int):
     """Queue a restore test, unless one is already queued or running (then say so)."""
-    from webapp.domain import restore_test
+    from webapp.domain.checkpoint_requests import request_restore_test
 
-    refusal, already = "", None
-    with transaction.atomic():
-        checkpoint = get_object_or_404(
-            Checkpoint.objects.select_for_update().select_related("run"),
-            project=request.project,
-            pk=checkpoint_id,
-        )
-        if not checkpoint.replicas.filter(status=ReplicaStatus.VERIFIED).exists():
-            refusal = (
-                f"step {checkpoint.step} has no verified replica to restore from; "
-                "replicate it first (a restore test never reads the local copy)"
-            )
-        else:
-            already = Validation.objects.filter(
-                checkpoint=checkpoint,
-                kind=ValidationKind.RESTORE,
-                status__in=(ValidationStatus.QUEUED, ValidationStatus.RUNNING),
-            ).first()
-            if already is None:
-                validation = restore_test.request(checkpoint, requested_by=actor_of(request))
-                Event.objects.create(
-                    project=request.project,
-                    run=checkpoint.run,
-                    type="checkpoint.restore_test_requested",
-                    step=checkpoint.step,
-                    time=timezone.now(),
-                    actor=actor_of(request),
-                    message=f"{actor_of(request)} asked for a restore test of step "
-                    f"{checkpoint.step}",
-                    data={"validation": validation.pk},
-                )
-    if refusal:
-        return _after_action(request, checkpoint, f"No restore test: {refusal}.", messages.ERROR)
-    if already is not None:
+    checkpoint = _get_checkpoint(request, checkpoint_id)
+    try:
+        requested = request_restore_test(checkpoint.pk, actor_of(request))
+    except CheckpointActionRefused as exc:
+        return _after_action(request, checkpoint, f"No restore test: {exc}.", messages.ERROR)
+    if requested.coalesced:
         return _after_action(
             request,
             checkpoint,
-            f"A restore test of step {checkpoint.step} is already {already.status}.",
+            f"A restore test of step {checkpoint.step} is already {requested.validation.status}.",
             messages.INFO,
         )
     return _after_action(

@@ -23,7 +23,7 @@ from django_htmx.http import HttpResponseStopPolling
 
 from webapp.dashboard import charts
 from webapp.dashboard.access import actor_of, project_view, visible_projects
-from webapp.domain.models import Checkpoint, Event, Run, Validation
+from webapp.domain.models import Checkpoint, Run, Validation
 from webapp.domain.models.checkpoints import CheckpointActionRefused, CheckpointStatus
 from webapp.domain.models.projects import Role
 from webapp.domain.models.recovery import (
@@ -419,10 +419,17 @@ def _after_action(request, checkpoint, text: str, level=messages.SUCCESS):
 def checkpoint_validate(request, checkpoint_id: int):
     checkpoint = _get_checkpoint(request, checkpoint_id)
     try:
-        checkpoint.request_validation(actor_of(request))
+        requested = checkpoint.request_validation(actor_of(request))
     except CheckpointActionRefused as exc:
         return _after_action(request, checkpoint, f"Not checked: {exc}.", messages.ERROR)
     checkpoint.refresh_from_db()
+    if requested.coalesced:
+        return _after_action(
+            request,
+            checkpoint,
+            f"A check of step {checkpoint.step} is already {requested.validation.status}.",
+            messages.INFO,
+        )
     return _after_action(request, checkpoint, f"Step {checkpoint.step} is queued for a check.")
 
 
@@ -440,41 +447,18 @@ def checkpoint_pin(request, checkpoint_id: int):
 @project_view(Role.OPERATOR)
 def checkpoint_replicate(request, checkpoint_id: int):
     """Copy a verified checkpoint to every enabled storage target, whatever their
-    policies say (as POST /api/v1/checkpoints/<id>/replicate); the replicate workers do
-    the copying and the page shows their progress."""
-    from django.db import transaction
+    policies say (as POST /api/v1/checkpoints/<id>/replicate: both call
+    checkpoint_requests.request_replication); the replicate workers do the copying and
+    the page shows their progress."""
+    from webapp.domain.checkpoint_requests import request_replication
 
-    from webapp.domain.replication.policy import request as request_replicas
-
-    refusal, queued = "", []
-    with transaction.atomic():
-        checkpoint = get_object_or_404(
-            Checkpoint.objects.select_for_update().select_related("project", "run"),
-            project=request.project,
-            pk=checkpoint_id,
-        )
-        targets = list(request.project.storage_targets.filter(enabled=True).order_by("pk"))
-        if checkpoint.status != CheckpointStatus.VERIFIED:
-            refusal = f"step {checkpoint.step} is {checkpoint.status}; only verified ones are"
-        elif not targets:
-            refusal = "this project has no enabled storage target"
-        else:
-            queued = request_replicas(checkpoint, targets, by_policy=False)
-        if queued:
-            copies = f"{len(queued)} cop{'y' if len(queued) == 1 else 'ies'}"
-            Event.objects.create(
-                project=request.project,
-                run=checkpoint.run,
-                type="checkpoint.replication_requested",
-                step=checkpoint.step,
-                time=timezone.now(),
-                actor=actor_of(request),
-                message=f"{actor_of(request)} asked for {copies} of step {checkpoint.step}",
-                data={"replicas": queued},
-            )
-    if refusal:
-        return _after_action(request, checkpoint, f"Not copied: {refusal}.", messages.ERROR)
+    checkpoint = _get_checkpoint(request, checkpoint_id)
+    try:
+        queued = request_replication(checkpoint.pk, actor_of(request))
+    except CheckpointActionRefused as exc:
+        return _after_action(request, checkpoint, f"Not copied: {exc}.", messages.ERROR)
     if queued:
+        copies = f"{len(queued)} cop{'y' if len(queued) == 1 else 'ies'}"
         return _after_action(request, checkpoint, f"Step {checkpoint.step}: {copies} queued.")
     return _after_action(
         request,

@@ -44,11 +44,16 @@ def daly_interval(delta: float, mtbf: float) -> float:
 
 
 def expected_wall_time(solve: float, tau: float, delta: float, mtbf: float, restart: float = 0.0):
-    """Daly's expected wall-clock time to finish `solve` seconds of work."""
+    """Daly's expected wall-clock time to finish `solve` seconds of work; inf when
+    failures come so much more often than segments end that the job never finishes
+    (the exponentials overflow a float)."""
     _check(delta, mtbf)
     if tau <= 0:
         raise ValueError("the interval must be positive")
-    return mtbf * math.exp(restart / mtbf) * math.expm1((tau + delta) / mtbf) * solve / tau
+    try:
+        return mtbf * math.exp(restart / mtbf) * math.expm1((tau + delta) / mtbf) * solve / tau
+    except OverflowError:
+        return math.inf
 
 
 def waste_fraction(tau: float, delta: float, mtbf: float, restart: float = 0.0) -> float:

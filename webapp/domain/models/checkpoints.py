@@ -104,40 +104,34 @@ class Checkpoint(models.Model):
         """Queue a fresh check of this checkpoint (bits rot) for `actor`, with an audit
         event; the task is published after the commit. A queued Validation row is made
         at once so the page shows "queued" until a worker takes it (the worker's claim
-        takes up that very row). Raises CheckpointActionRefused if there is nothing to
-        check. Returns the Validation."""
+        takes up that very row). A repeat while a check is queued or running is
+        coalesced into it (webapp/domain/checkpoint_requests.py). Raises
+        CheckpointActionRefused if there is nothing to check. Returns a Requested."""
         from django.db import transaction
 
-        from webapp.domain.models.events import Event
-        from webapp.domain.models.recovery import Validation, ValidationKind, ValidationStatus
+        from webapp.domain import checkpoint_requests as requests
+        from webapp.domain.models.recovery import Validation, ValidationKind
         from workers.validate import validate_checkpoint
 
         with transaction.atomic():
-            locked = Checkpoint.objects.select_for_update().get(pk=self.pk)
+            locked = requests.lock(self.pk)
             if locked.status in (CheckpointStatus.SAVING, CheckpointStatus.FAILED):
                 raise CheckpointActionRefused(f"step {locked.step} was never saved")
             if locked.status == CheckpointStatus.DELETED:
                 raise CheckpointActionRefused(f"step {locked.step} is deleted")
-            validation = (
-                locked.validations.filter(
-                    kind=ValidationKind.INTEGRITY,
-                    status__in=(ValidationStatus.QUEUED, ValidationStatus.RUNNING),
-                )
-                .order_by("-created_at")
-                .first()
-            )
+            validation, alive = requests.pending(locked, ValidationKind.INTEGRITY)
+            if alive:
+                return requests.Requested(validation, coalesced=True)
             if validation is None:
                 validation = Validation.objects.create(
                     checkpoint=locked, kind=ValidationKind.INTEGRITY, requested_by=actor
                 )
-            Event.objects.create(
-                project_id=locked.project_id,
-                run_id=locked.run_id,
-                type="checkpoint.validation_requested",
-                step=locked.step,
-                time=timezone.now(),
-                actor=actor,
-                message=f"{actor} asked for a new check of step {locked.step}",
+            requests.audit(
+                locked,
+                "checkpoint.validation_requested",
+                actor,
+                f"{actor} asked for a new check of step {locked.step}",
+                validation=validation.pk,
             )
             pk = locked.pk
             transaction.on_commit(
@@ -145,7 +139,7 @@ class Checkpoint(models.Model):
                     (pk,), {"requested_by": actor, "revalidate": True}
                 )
             )
-        return validation
+        return requests.Requested(validation, coalesced=False)
 
     def set_pinned(self, pinned: bool, actor: str) -> bool:
         """Pin (never deleted by a retention policy) or unpin, with an audit event.
