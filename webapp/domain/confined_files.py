@@ -78,6 +78,14 @@ class Root:
         self.real = os.path.realpath(path)
         self._fd: int | None = None
 
+    @classmethod
+    def opened(cls, path: str, fd: int) -> Root:
+        """A root that is an already opened directory (it owns `fd` from now on)."""
+        root = cls.__new__(cls)
+        root.path = root.real = os.path.normpath(path)
+        root._fd = fd
+        return root
+
     def fd(self) -> int:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -142,6 +150,13 @@ class Tree:
     def close(self) -> None:
         for root in self.roots:
             root.close()
+
+    def subtree(self, place: Place) -> Tree:
+        """A Tree whose only root is the directory at `place` (walked to as open_dir
+        does): symlinks below it that lead out of it are Refused, even into other roots."""
+        tree = Tree([])
+        tree.roots = [Root.opened(str(place), self.open_dir(place))]
+        return tree
 
     def describe(self) -> str:
         return ", ".join(r.path for r in self.roots) or "none"

@@ -74,10 +74,6 @@ class IntegrityReport:
 Progress = Callable[[int], None]
 
 
-class LocationRefused(Exception):
-    """The location is outside every allowed root; nothing is read."""
-
-
 def hash_fd(fd: int, progress: Progress | None = None) -> tuple[str, int]:
     """sha256 and byte count of an open file, read once in large chunks from its start."""
     digest = hashlib.sha256()
