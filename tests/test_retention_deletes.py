@@ -6,6 +6,7 @@ even root cannot unlink); a symlinked folder out of the root; a real SIGKILL of 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import time
 from contextlib import contextmanager
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 
 from tests.conftest import ROOT
@@ -218,3 +220,22 @@ def test_a_worker_killed_mid_apply_leaves_deleting_and_the_next_apply_finishes(
             assert checkpoint.status == "deleted" and checkpoint.deleted_at and gone
     assert Event.objects.filter(type="checkpoint.deleted").count() == 3
     assert not Checkpoint.objects.filter(status="deleting").exists()
+
+
+def test_the_dry_run_is_bounded_and_paged(project, root, api, read_token):
+    for step in range(10, 260, 10):  # 25 checkpoints, 24 to delete
+        single_file(project, root, step)
+    out = io.StringIO()
+    call_command("retention", "alpha", "--limit", "5", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 7
+    assert all(line.startswith("DELETE") for line in lines[:5])
+    assert lines[5] == "... 20 more decisions not shown (--limit 0 shows all, --run one run)"
+    assert lines[6] == "dry run: 24 would be deleted, 1 kept (--apply to delete)"
+
+    body = api.get(read_token, "/retention", limit=10, offset=20).json()
+    assert [d["step"] for d in body["local"]] == [210, 220, 230, 240, 250]
+    assert (body["local_total"], body["local_deleting"], body["next_offset"]) == (25, 24, None)
+    first = api.get(read_token, "/retention", limit=10).json()
+    assert len(first["local"]) == 10 and first["next_offset"] == 10
+    assert len(api.get(read_token, "/retention", limit=10**9).json()["local"]) == 25

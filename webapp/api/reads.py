@@ -581,20 +581,34 @@ class RetentionDecisionOut(Schema):
 class RetentionPlanOut(Schema):
     local: list[RetentionDecisionOut]
     replicas: list[RetentionDecisionOut]
+    local_total: int
+    local_deleting: int
+    replicas_total: int
+    replicas_deleting: int
+    offset: int
+    limit: int
+    next_offset: int | None
 
 
 @router.get("/retention", auth=read_auth, response={200: RetentionPlanOut, 404: ErrorOut})
-def retention_plan(request, run: str | None = None):
-    """The dry run of the project's retention policies: every checkpoint (local copies)
-    and replica, whether it would be deleted, and why."""
+def retention_plan(request, run: str | None = None, offset: int = 0, limit: int = 200):
+    """The dry run of the project's retention policies: each checkpoint (local copies)
+    and replica, whether it would be deleted, and why; `limit` decisions of each scope
+    from `offset` on (at most 1000), with the totals of the whole plan."""
     from webapp.domain import retention
 
+    limit = max(1, min(limit, retention.DRY_RUN_MAX_LIMIT))
+    offset = max(0, offset)
     run_row = _run(request, run) if run else None
     project = request.auth.project
-    return {
-        "local": [d.as_dict() for d in retention.plan(project, "local", run_row)],
-        "replicas": [d.as_dict() for d in retention.plan(project, "replicas", run_row)],
-    }
+    body: dict = {"offset": offset, "limit": limit}
+    for scope in ("local", "replicas"):
+        shown = retention.page(retention.plan(project, scope, run_row), offset, limit)
+        body[scope] = [d.as_dict() for d in shown["decisions"]]
+        body[f"{scope}_total"], body[f"{scope}_deleting"] = shown["total"], shown["deleting"]
+    more = max(body["local_total"], body["replicas_total"]) > offset + limit
+    body["next_offset"] = offset + limit if more else None
+    return body
 
 
 class QueuedOut(Schema):

@@ -119,6 +119,22 @@ def plan(project, scope: str = "local", run=None) -> list[Decision]:
     return decisions
 
 
+# A dry run shows at most this many decisions of each scope at once (the API pages on with
+# `offset`; the command says how many more there are): a project with 100,000
+# checkpoints must not answer with 100,000 lines.
+DRY_RUN_LIMIT = 200
+DRY_RUN_MAX_LIMIT = 1000
+
+
+def page(decisions: list[Decision], offset: int = 0, limit: int = DRY_RUN_LIMIT) -> dict:
+    """One page of a dry run, with the counts of the whole plan."""
+    return {
+        "total": len(decisions),
+        "deleting": sum(d.delete for d in decisions),
+        "decisions": decisions[offset : offset + limit],
+    }
+
+
 def _plan_local(policy, run) -> list[Decision]:
     from webapp.domain.models import Replica
     from webapp.domain.models.checkpoints import CheckpointStatus
