@@ -592,23 +592,12 @@ class RetentionPlanOut(Schema):
 
 @router.get("/retention", auth=read_auth, response={200: RetentionPlanOut, 404: ErrorOut})
 def retention_plan(request, run: str | None = None, offset: int = 0, limit: int = 200):
-    """The dry run of the project's retention policies: each checkpoint (local copies)
-    and replica, whether it would be deleted, and why; `limit` decisions of each scope
-    from `offset` on (at most 1000), with the totals of the whole plan."""
+    """The dry run of the project's retention policies, paged: each checkpoint (local
+    copies) and replica, whether it would be deleted, and why."""
     from webapp.domain import retention
 
-    limit = max(1, min(limit, retention.DRY_RUN_MAX_LIMIT))
-    offset = max(0, offset)
     run_row = _run(request, run) if run else None
-    project = request.auth.project
-    body: dict = {"offset": offset, "limit": limit}
-    for scope in ("local", "replicas"):
-        shown = retention.page(retention.plan(project, scope, run_row), offset, limit)
-        body[scope] = [d.as_dict() for d in shown["decisions"]]
-        body[f"{scope}_total"], body[f"{scope}_deleting"] = shown["total"], shown["deleting"]
-    more = max(body["local_total"], body["replicas_total"]) > offset + limit
-    body["next_offset"] = offset + limit if more else None
-    return body
+    return retention.dry_run_page(request.auth.project, run_row, offset, limit)
 
 
 class QueuedOut(Schema):

@@ -68,7 +68,11 @@ def _remove_local(tree, location: str, paths: list[str]) -> None:
         tree.unlink(place)  # a single file, or a symlink: the entry itself
         return
     relative = [confined_files.relative_parts(p, "file path") for p in paths]
-    with tree.subtree(place) as inside:
+    try:
+        inside = tree.subtree(place)
+    except FileNotFoundError:
+        return  # removed meanwhile (by hand, or by another run finishing it)
+    with inside:
         top = inside.locate(str(place))
         for parts in relative:
             _remove_entry(inside, top, parts)

@@ -135,6 +135,21 @@ def page(decisions: list[Decision], offset: int = 0, limit: int = DRY_RUN_LIMIT)
     }
 
 
+def dry_run_page(project, run=None, offset: int = 0, limit: int = DRY_RUN_LIMIT) -> dict:
+    """What the API answers: `limit` (at most DRY_RUN_MAX_LIMIT) decisions of each scope
+    from `offset` on, the totals of the whole plan, and the next page's offset."""
+    limit = max(1, min(limit, DRY_RUN_MAX_LIMIT))
+    offset = max(0, offset)
+    body: dict = {"offset": offset, "limit": limit}
+    for scope in ("local", "replicas"):
+        shown = page(plan(project, scope, run), offset, limit)
+        body[scope] = [d.as_dict() for d in shown["decisions"]]
+        body[f"{scope}_total"], body[f"{scope}_deleting"] = shown["total"], shown["deleting"]
+    more = max(body["local_total"], body["replicas_total"]) > offset + limit
+    body["next_offset"] = offset + limit if more else None
+    return body
+
+
 def _plan_local(policy, run) -> list[Decision]:
     from webapp.domain.models import Replica
     from webapp.domain.models.checkpoints import CheckpointStatus
