@@ -184,3 +184,48 @@ def test_a_restore_check_file_outside_the_checkpoint_is_refused(tmp_path):
     with pytest.raises(ConfigRefused, match="not one of the checkpoint's files"):
         _main_file(tmp_path, files, "../../etc/passwd")
     assert _main_file(tmp_path, files, "optim.pt") == tmp_path / "optim.pt"
+
+
+def _swap_forever(root: str, outside: str, stop) -> None:
+    folder = os.path.join(root, "run-1")
+    while not stop.is_set():
+        os.rename(folder, folder + ".real")
+        os.symlink(outside, folder)
+        os.unlink(folder)
+        os.rename(folder + ".real", folder)
+
+
+def test_a_folder_swapped_back_and_forth_during_checks_is_never_read_through(tmp_path):
+    """Another process swaps the run folder for a symlink out of the root and back, as
+    fast as it can, while integrity checks run: no check may ever read the bytes out
+    there (realpath-then-open did, about once in a hundred checks) or crash."""
+    import multiprocessing
+    import time
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "run-1" / "step-1").mkdir(parents=True)
+    (outside / "step-1").mkdir(parents=True)
+    good, planted = b"g" * 4096, b"p" * 4096
+    (root / "run-1" / "step-1" / "model.pt").write_bytes(good)
+    (outside / "step-1" / "model.pt").write_bytes(planted)
+    stop = multiprocessing.get_context("fork").Event()
+    swapper = multiprocessing.get_context("fork").Process(
+        target=_swap_forever, args=(str(root), str(outside), stop)
+    )
+    swapper.start()
+    seen: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            report = check_local(
+                str(root / "run-1" / "step-1"), [spec("model.pt", good)], [str(root)]
+            )
+            for code in [f.code for f in report.findings] or ["ok"]:
+                seen[code] = seen.get(code, 0) + 1
+    finally:
+        stop.set()
+        swapper.join(10)
+    assert "checksum_mismatch" not in seen, seen  # the planted bytes were never read
+    assert set(seen) <= {"ok", "outside_allowed_roots", "symlink_escapes", "location_missing",
+                         "file_missing"}, seen  # fmt: skip
+    assert seen.get("ok") and seen.get("outside_allowed_roots"), seen  # both states met
