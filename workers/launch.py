@@ -40,6 +40,16 @@ def launch_resume(resume_id: int) -> str:
     except Exception as exc:  # noqa: BLE001 (recorded on the row, for the person who asked)
         log.exception("resume %s failed to start", resume_id)
         resumes._set(resume, status=ResumeStatus.FAILED, error=f"{exc}")
+        Event.objects.create(
+            project_id=resume.project_id,
+            run_id=resume.run_id,
+            type="resume.failed",
+            step=resume.checkpoint.step,
+            time=resume.updated_at,
+            actor="worker:launch",
+            message=f"The resume could not start: {exc}",
+            data={"resume": resume.pk},
+        )
         return "failed"
     follow_resume.apply_async(
         (resume_id,), queue=resumes.queue_for(resume.profile), countdown=settings.LAUNCH_FOLLOW_S

@@ -66,6 +66,7 @@ def claim(checkpoint_id: int, requested_by: str, revalidate: bool):
         if checkpoint.status in (
             CheckpointStatus.SAVING,
             CheckpointStatus.FAILED,
+            CheckpointStatus.DELETING,
             CheckpointStatus.DELETED,
         ):
             return None
@@ -117,7 +118,7 @@ class _Progress:
 
 def run_checks(validation_id: int):
     from webapp.domain.models import Validation
-    from webapp.domain.validation import integrity, verdict
+    from webapp.domain.validation import checked_view, integrity, verdict
     from webapp.domain.validation.inspector import inspect_checkpoint
 
     validation = Validation.objects.select_related("checkpoint__project", "checkpoint__run").get(
@@ -133,6 +134,8 @@ def run_checks(validation_id: int):
     ]
     progress = _Progress(validation_id)
     scratch = None
+    report = None
+    view = settings.SCRATCH_DIR / f"validation-{validation_id}.checked"
     timings: dict[str, float] = {}
     try:
         if checkpoint.location.startswith("s3://"):
@@ -141,7 +144,7 @@ def run_checks(validation_id: int):
             bucket, _ = integrity.split_s3(checkpoint.location)
             scratch = settings.SCRATCH_DIR / f"validation-{validation_id}"
             shutil.rmtree(scratch, ignore_errors=True)
-            scratch.mkdir(parents=True)
+            scratch.mkdir(mode=0o700, parents=True)
             report = integrity.check_s3(
                 checkpoint.location,
                 specs,
@@ -151,16 +154,20 @@ def run_checks(validation_id: int):
                 progress,
             )
         else:
+            checked_view.raise_open_file_limit(len(specs))
             report = integrity.check_local(
-                checkpoint.location, specs, project.allowed_roots, progress
+                checkpoint.location, specs, project.allowed_roots, progress, keep_open=True
             )
         progress.flush()
         timings["hash_s"] = round(report.seconds, 3)
         findings = list(report.findings)
         content: dict = {}
         if report.ok and report.base:
+            # A local checkpoint is inspected through the descriptors integrity checked
+            # (checked_view), never by its names in the job's directory again.
+            base = checked_view.make_view(report.handles, view) if scratch is None else None
             inspection = inspect_checkpoint(
-                report.base,
+                base or report.base,
                 [s.path for s in specs],
                 report.single_file,
                 checkpoint.format,
@@ -183,6 +190,9 @@ def run_checks(validation_id: int):
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+        checked_view.remove_view(view)
+        if report is not None:
+            report.close()
 
 
 def _history_findings(checkpoint, content: dict) -> list:

@@ -395,20 +395,23 @@ class RetentionDecisionOut(Schema):
 class RetentionPlanOut(Schema):
     local: list[RetentionDecisionOut]
     replicas: list[RetentionDecisionOut]
+    local_total: int
+    local_deleting: int
+    replicas_total: int
+    replicas_deleting: int
+    offset: int
+    limit: int
+    next_offset: int | None
 
 
 @router.get("/retention", auth=read_auth, response={200: RetentionPlanOut, 404: ErrorOut})
-def retention_plan(request, run: RunKeyQuery = None):
-    """The dry run of the project's retention policies: every checkpoint (local copies)
-    and replica, whether it would be deleted, and why."""
+def retention_plan(request, run: RunKeyQuery = None, offset: Offset = 0, limit: Limit = 200):
+    """The dry run of the project's retention policies, paged: each checkpoint (local
+    copies) and replica, whether it would be deleted, and why."""
     from webapp.domain import retention
 
     run_row = _run(request, run) if run else None
-    project = request.auth.project
-    return {
-        "local": [d.as_dict() for d in retention.plan(project, "local", run_row)],
-        "replicas": [d.as_dict() for d in retention.plan(project, "replicas", run_row)],
-    }
+    return retention.dry_run_page(request.auth.project, run_row, offset, limit)
 
 
 class QueuedOut(Schema):

@@ -253,6 +253,13 @@ def clean_restore_checks(text: str) -> dict:
     for key in ("replay_metric", "file"):
         if key in value and not (isinstance(value[key], str) and value[key]):
             raise ValidationError(f"{key} must be a non-empty string.")
+    if "file" in value:
+        from webapp.domain.confined_files import Refused, relative_parts
+
+        try:
+            relative_parts(value["file"], "file")
+        except Refused as exc:
+            raise ValidationError(f"{exc}: it names one of the checkpoint's files.") from None
     steps = value.get("replay_steps")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ValidationError("replay_steps must be a whole number of at least 1.")

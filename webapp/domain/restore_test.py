@@ -258,12 +258,22 @@ def _loaded(outcome: dict, timeout: float) -> dict:
     return json.loads(stdout)
 
 
+class ConfigRefused(Exception):
+    """The project's restore-check configuration names something it may not."""
+
+
 def _main_file(scratch: Path, files: list[str], configured: str | None) -> Path:
-    """The file the deeper levels load: the only one, the configured one, or the
+    """The file the deeper levels load: the only one, the configured one (which must be
+    one of the checkpoint's files: never a path out of the scratch folder), or the
     largest torch file of a directory checkpoint."""
     if len(files) == 1:
         return scratch / files[0]
     if configured:
+        if not isinstance(configured, str) or configured not in files:
+            raise ConfigRefused(
+                f"the restore check's file {configured!r} is not one of the checkpoint's "
+                f"files ({', '.join(files[:5])}{', …' if len(files) > 5 else ''})"
+            )
         return scratch / configured
     torch_files = [f for f in files if f.endswith((".pt", ".pth", ".ckpt", ".bin"))]
     return scratch / max(torch_files or files, key=lambda f: (scratch / f).stat().st_size)
@@ -294,7 +304,12 @@ def deep_levels(validation, scratch: Path, files: list[str], timings: dict) -> l
 
     checkpoint = validation.checkpoint
     config = checkpoint.project.restore_checks or {}
-    main_file = str(_main_file(scratch, files, config.get("file")))
+    if not (config.get("forward") or config.get("replay")):
+        return []
+    try:
+        main_file = str(_main_file(scratch, files, config.get("file")))
+    except ConfigRefused as exc:
+        return [{"level": "config", "ok": False, "message": str(exc), "severity": "corrupt"}]
     levels = []
     if config.get("forward"):
         started = time.perf_counter()
@@ -380,9 +395,11 @@ def run(validation_id: int) -> str:
             "No verified replica to restore from: replicate this checkpoint first.",
             {},
         )
+    # The worker's own folder, 0700: the job-given file paths are checked by the download
+    # (no absolute path, no '..'), and no job can plant a symlink in it.
     scratch = Path(settings.SCRATCH_DIR) / f"restore-{validation.pk}"
     shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
+    scratch.mkdir(mode=0o700, parents=True)
     timings: dict = {}
     total = checkpoint.total_size
     validation.bytes_total = total

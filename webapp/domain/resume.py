@@ -175,9 +175,14 @@ def claim(resume_id: int):
 
 
 def prepare(resume) -> str:
-    """Make sure the checkpoint's files are at its location, whole. Returns what was done."""
+    """Make sure the checkpoint's files are at its location, whole. Returns what was done.
+
+    Every file operation walks from an allowed root's descriptor (confined_files): the
+    damaged copy moved aside, the staging folder, the files moved into place. A location
+    that leads out of the roots, by '..' or by a symlink at any level (even one swapped
+    in now), is a ResumeError; nothing is written anywhere else."""
+    from webapp.domain import confined_files
     from webapp.domain.models.recovery import ReplicaStatus
-    from webapp.domain.replication.restore import RestoreError, restore_replica
     from webapp.domain.validation.integrity import FileSpec, check_local
 
     checkpoint = resume.checkpoint
@@ -196,27 +201,49 @@ def prepare(resume) -> str:
     why = "; ".join(f.message for f in report.findings[:3]) or "it is not whole"
     if replica is None:
         raise ResumeError(f"the local copy is unusable ({why}) and there is no verified replica")
-    location = Path(checkpoint.location)
+    try:
+        with confined_files.Tree(checkpoint.project.allowed_roots) as tree:
+            _restore_in_place(tree, resume, checkpoint, specs, replica)
+    except confined_files.Refused as exc:
+        raise ResumeError(f"not restoring into {checkpoint.location}: refused: {exc}") from None
+    return f"the local copy was {why}; restored from {replica.target.name}, verified"
+
+
+def _restore_in_place(tree, resume, checkpoint, specs, replica) -> None:
+    from webapp.domain import confined_files
+    from webapp.domain.replication.restore import RestoreError, restore_replica
+
+    location = tree.locate(checkpoint.location.rstrip("/"), "checkpoint location")
+    if not location.parts:
+        raise confined_files.Refused(f"{location} is an allowed root itself, not a checkpoint")
     single = len(specs) == 1 and specs[0].path == location.name
     target_dir = location.parent if single else location
-    if location.exists():
-        # Keep the damaged copy for a person to look at; never overwrite evidence.
-        aside = location.with_name(f"{location.name}.damaged-{timezone.now():%Y%m%d%H%M%S}")
-        os.replace(location, aside)
-    staging = target_dir.parent / f".{target_dir.name}.restoring-{resume.pk}"
-    shutil.rmtree(staging, ignore_errors=True)
+    if not target_dir.parts:
+        raise confined_files.Refused(f"{target_dir} is an allowed root; it is not replaced")
+    with contextlib.suppress(FileNotFoundError):
+        tree.lstat(location)
+        # Keep the damaged copy for a person to look at; never overwrite evidence. The
+        # entry is moved, never what a symlink there points to.
+        aside = location.parent.join(f"{location.name}.damaged-{timezone.now():%Y%m%d%H%M%S}")
+        tree.rename(location, aside)
+    staging = target_dir.parent.join(f".{target_dir.name}.restoring-{resume.pk}")
+    tree.remove_tree(staging)
+    tree.mkdir(staging, 0o700)
+    # The download writes through the staging folder's descriptor (/proc/self/fd/N):
+    # the folder it checked, whatever happens to the names above it meanwhile.
+    staging_fd = tree.open_dir(staging)
     try:
-        restore_replica(replica, staging)
+        restore_replica(replica, confined_files.fd_path(staging_fd))
     except RestoreError as exc:
-        shutil.rmtree(staging, ignore_errors=True)
+        tree.remove_tree(staging)
         raise ResumeError(f"restoring from {replica.target.name} failed: {exc}") from None
+    finally:
+        os.close(staging_fd)
     if single:
-        target_dir.mkdir(parents=True, exist_ok=True)
-        os.replace(staging / location.name, location)
-        shutil.rmtree(staging, ignore_errors=True)
+        tree.rename(staging.join(location.name), location)
+        tree.remove_tree(staging)
     else:
-        os.replace(staging, target_dir)
-    return f"the local copy was {why}; restored from {replica.target.name}, verified"
+        tree.rename(staging, target_dir)
 
 
 # -- 3. start, 4. follow --------------------------------------------------------------------------

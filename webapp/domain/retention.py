@@ -7,7 +7,8 @@ Rules that rank (last N, best K) rank a run's verified checkpoints; a checkpoint
 not verified (still being checked, suspicious, corrupt) is never deleted by a policy.
 
 - Local copies (where the job wrote them) are deleted only when a verified replica
-  exists, so every deletion leaves a restorable copy.
+  exists, so every deletion leaves a restorable copy; a checkpoint is recorded `deleted`
+  only once its files are gone (webapp/domain/local_deletion.py).
 - Replicas follow their own policy; a replica's objects are content-addressed and shared,
   so an object goes only when no other live replica in the same store names it.
 
@@ -18,10 +19,8 @@ tolerate files and objects already gone, and are recorded in the event log.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
@@ -120,6 +119,37 @@ def plan(project, scope: str = "local", run=None) -> list[Decision]:
     return decisions
 
 
+# A dry run shows at most this many decisions of each scope at once (the API pages on with
+# `offset`; the command says how many more there are): a project with 100,000
+# checkpoints must not answer with 100,000 lines.
+DRY_RUN_LIMIT = 200
+DRY_RUN_MAX_LIMIT = 1000
+
+
+def page(decisions: list[Decision], offset: int = 0, limit: int = DRY_RUN_LIMIT) -> dict:
+    """One page of a dry run, with the counts of the whole plan."""
+    return {
+        "total": len(decisions),
+        "deleting": sum(d.delete for d in decisions),
+        "decisions": decisions[offset : offset + limit],
+    }
+
+
+def dry_run_page(project, run=None, offset: int = 0, limit: int = DRY_RUN_LIMIT) -> dict:
+    """What the API answers: `limit` (at most DRY_RUN_MAX_LIMIT) decisions of each scope
+    from `offset` on, the totals of the whole plan, and the next page's offset."""
+    limit = max(1, min(limit, DRY_RUN_MAX_LIMIT))
+    offset = max(0, offset)
+    body: dict = {"offset": offset, "limit": limit}
+    for scope in ("local", "replicas"):
+        shown = page(plan(project, scope, run), offset, limit)
+        body[scope] = [d.as_dict() for d in shown["decisions"]]
+        body[f"{scope}_total"], body[f"{scope}_deleting"] = shown["total"], shown["deleting"]
+    more = max(body["local_total"], body["replicas_total"]) > offset + limit
+    body["next_offset"] = offset + limit if more else None
+    return body
+
+
 def _plan_local(policy, run) -> list[Decision]:
     from webapp.domain.models import Replica
     from webapp.domain.models.checkpoints import CheckpointStatus
@@ -127,7 +157,12 @@ def _plan_local(policy, run) -> list[Decision]:
 
     checkpoints = list(
         run.checkpoints.exclude(
-            status__in=(CheckpointStatus.DELETED, CheckpointStatus.SAVING, CheckpointStatus.FAILED)
+            status__in=(
+                CheckpointStatus.DELETED,
+                CheckpointStatus.DELETING,
+                CheckpointStatus.SAVING,
+                CheckpointStatus.FAILED,
+            )
         ).order_by("step")
     )
     verified = [c for c in checkpoints if c.status == CheckpointStatus.VERIFIED]
@@ -193,7 +228,7 @@ def apply(project, actor: str = "retention", run=None) -> list[Decision]:
     """Carry out the plan for local copies, then for replicas. Returns the decisions
     that were carried out (each re-checked first; one that no longer holds is skipped)."""
     done = []
-    finish_interrupted(project)
+    finish_interrupted(project, actor)
     for decision in plan(project, "local", run):
         if decision.delete and delete_local(decision, actor):
             done.append(decision)
@@ -224,10 +259,14 @@ def _still_deletable_locally(checkpoint) -> str | None:
 
 
 def delete_local(decision: Decision, actor: str) -> bool:
-    from webapp.domain.models import Checkpoint, Event
+    """Re-checks the decision under the row lock and marks the checkpoint `deleting`;
+    then removes its files, and only then records it `deleted` (local_deletion). A
+    failure puts it back to `verified` with the error in the event log. True when the
+    local copy is gone."""
+    from webapp.domain import local_deletion
+    from webapp.domain.models import Checkpoint
     from webapp.domain.models.checkpoints import CheckpointStatus
 
-    now = timezone.now()
     with transaction.atomic():
         checkpoint = (
             Checkpoint.objects.select_for_update()
@@ -241,86 +280,33 @@ def delete_local(decision: Decision, actor: str) -> bool:
         if why_not:
             log.info("retention: keeping %s, since %s", checkpoint, why_not)
             return False
-        # Marked first, files removed after commit (no disk work inside a transaction);
-        # deleted_at stays empty until they are gone, so an interrupted deletion is
-        # finished by the next run (finish_interrupted).
-        checkpoint.status = CheckpointStatus.DELETED
-        checkpoint.status_message = (
-            f"Local copy deleted by the retention policy ({'; '.join(decision.reasons)})."
-        )
-        checkpoint.updated_at = now
-        checkpoint.save(update_fields=["status", "status_message", "updated_at"])
-        Event.objects.create(
-            project_id=checkpoint.project_id,
-            run_id=checkpoint.run_id,
-            type="checkpoint.deleted",
-            step=checkpoint.step,
-            time=now,
-            actor=actor,
-            message=checkpoint.status_message,
-            data={"scope": "local", "location": checkpoint.location, "reasons": decision.reasons},
-        )
-    _remove_local_files(checkpoint)
-    Checkpoint.objects.filter(pk=checkpoint.pk).update(deleted_at=timezone.now())
-    return True
+        previous_message = checkpoint.status_message
+        checkpoint.status = CheckpointStatus.DELETING
+        checkpoint.updated_at = timezone.now()
+        checkpoint.save(update_fields=["status", "updated_at"])
+    # No disk work inside a transaction: a worker killed from here on leaves the
+    # checkpoint `deleting`, which the next apply finishes (finish_interrupted).
+    return local_deletion.carry_out(
+        checkpoint.pk, actor, "; ".join(decision.reasons), previous_message
+    )
 
 
-def finish_interrupted(project) -> None:
-    """Deletions marked but not finished (the worker died between the two steps)."""
-    from webapp.domain.models import Checkpoint, Replica
-    from webapp.domain.models.checkpoints import CheckpointStatus
+def finish_interrupted(project, actor: str = "retention") -> None:
+    """Deletions started but not finished (the worker died between the steps)."""
+    from webapp.domain import local_deletion
+    from webapp.domain.models import Replica
     from webapp.domain.models.recovery import ReplicaStatus
 
-    for checkpoint in Checkpoint.objects.filter(
-        project=project, status=CheckpointStatus.DELETED, deleted_at__isnull=True
-    ).select_related("project"):
-        if checkpoint.files.exists():
-            _remove_local_files(checkpoint)
-        Checkpoint.objects.filter(pk=checkpoint.pk).update(deleted_at=timezone.now())
+    local_deletion.finish_interrupted(project, actor)
     for replica in Replica.objects.filter(
         target__project=project, status=ReplicaStatus.DELETED, deleted_at__isnull=True
     ).select_related("target"):
-        _remove_replica_objects(replica)
-        Replica.objects.filter(pk=replica.pk).update(deleted_at=timezone.now())
-
-
-def _remove_local_files(checkpoint) -> None:
-    from webapp.domain.validation import integrity
-
-    paths = list(checkpoint.files.values_list("path", flat=True))
-    location = checkpoint.location
-    if location.startswith("s3://"):
-        from webapp.domain.storage import s3_client
-
-        bucket, prefix = integrity.split_s3(location.rstrip("/") + "/")
-        client = s3_client(checkpoint.project, bucket)
-        for path in paths:
-            client.delete_object(Bucket=bucket, Key=prefix + path)  # absent: no error
-        return
-    try:
-        base = integrity.resolve_local(location, checkpoint.project.allowed_roots)
-    except FileNotFoundError:
-        return
-    except integrity.LocationRefused as exc:
-        log.warning("retention: not deleting %s: %s", location, exc)
-        return
-    for path in paths:
-        pure = os.path.normpath(path)
-        if pure.startswith("..") or os.path.isabs(pure):
+        try:
+            _remove_replica_objects(replica)
+        except Exception:  # noqa: BLE001 (logged; tried again by the next run)
+            log.exception("retention: removing the objects of replica %s failed", replica.pk)
             continue
-        # The entry itself is removed, never what a symlink points to: a file shared by
-        # two checkpoints through a link stays for the other one.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(base, pure))
-        directory = os.path.dirname(os.path.join(base, pure))
-        while directory != base and directory.startswith(base + "/"):
-            try:
-                os.rmdir(directory)
-            except OSError:
-                break
-            directory = os.path.dirname(directory)
-    with contextlib.suppress(OSError):
-        os.rmdir(base)  # only if empty: anything else the job left there stays
+        Replica.objects.filter(pk=replica.pk).update(deleted_at=timezone.now())
 
 
 def delete_replica(decision: Decision, actor: str) -> bool:

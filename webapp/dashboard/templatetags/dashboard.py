@@ -57,6 +57,7 @@ _TONES = {
     "missing": "bad",
     "failed": "bad",
     "deleted": "muted",
+    "deleting": "muted",
 }
 
 

@@ -18,6 +18,8 @@ class CheckpointStatus(models.TextChoices):
     SUSPICIOUS = "suspicious", "Suspicious"
     CORRUPT = "corrupt", "Corrupt"
     MISSING = "missing", "Missing"
+    # Retention is removing the local copy (webapp/domain/local_deletion.py).
+    DELETING = "deleting", "Deleting"
     DELETED = "deleted", "Deleted"
 
 
@@ -97,6 +99,7 @@ class Checkpoint(models.Model):
         return self.status not in (
             CheckpointStatus.SAVING,
             CheckpointStatus.FAILED,
+            CheckpointStatus.DELETING,
             CheckpointStatus.DELETED,
         )
 
@@ -117,8 +120,8 @@ class Checkpoint(models.Model):
             locked = requests.lock(self.pk)
             if locked.status in (CheckpointStatus.SAVING, CheckpointStatus.FAILED):
                 raise CheckpointActionRefused(f"step {locked.step} was never saved")
-            if locked.status == CheckpointStatus.DELETED:
-                raise CheckpointActionRefused(f"step {locked.step} is deleted")
+            if locked.status in (CheckpointStatus.DELETED, CheckpointStatus.DELETING):
+                raise CheckpointActionRefused(f"step {locked.step} is {locked.status}")
             validation, alive = requests.pending(locked, ValidationKind.INTEGRITY)
             if alive:
                 return requests.Requested(validation, coalesced=True)

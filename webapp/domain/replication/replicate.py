@@ -142,16 +142,18 @@ def _open_source(checkpoint, path: str):
         except client.exceptions.NoSuchKey:
             raise SourceUnavailable(f"{path} is gone from {location}") from None
     # A one-file checkpoint's location is the file itself (its one path is its name).
+    # Opened by a confined walk from an allowed root's descriptor: a symlink out of the
+    # roots, at any level and even one swapped in now, is refused, not followed.
+    from webapp.domain import confined_files
+
     single = checkpoint.file_count == 1 and os.path.basename(location.rstrip("/")) == path
     try:
-        real = integrity.resolve_local(
-            location if single else os.path.join(location, path),
-            checkpoint.project.allowed_roots,
-        )
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
-    except integrity.LocationRefused as exc:
+        with confined_files.Tree(checkpoint.project.allowed_roots) as tree:
+            place = tree.locate(location, "location")
+            fd = tree.open_read(place if single else place.join(path, "file path"))
+    except confined_files.Refused as exc:
         raise SourceUnavailable(str(exc)) from None
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         raise SourceUnavailable(f"{path} is gone from {location}") from None
     return os.fdopen(fd, "rb", buffering=0)
 

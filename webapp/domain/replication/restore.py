@@ -58,7 +58,12 @@ def restore_replica(
     replica, dest, progress: Callable[[int, int], None] | None = None, *, durable: bool = True
 ) -> list:
     """Download a verified replica into `dest`, verifying every file's sha256 against
-    the manifest on the target and the checkpoint's record. Raises RestoreError."""
+    the manifest on the target and the checkpoint's record. Raises RestoreError.
+
+    File paths with '..' or absolute ones are refused by the download. `dest` must be a
+    folder no job can write in: the worker's own scratch folder, or a staging folder it
+    just made (0700) and names by its descriptor (confined_files.fd_path), as resume
+    does; the names below `dest` are then the download's own."""
     from webapp.domain.models.recovery import ReplicaStatus
 
     if replica.status != ReplicaStatus.VERIFIED:

@@ -2,8 +2,12 @@
 job reported, and the sha256 it reported, read in one streaming pass.
 
 A checkpoint's `location` is a directory, or a single file whose own name is the one
-entry of `files`. It must lie under one of the project's allowed roots, after resolving
-symlinks: a path that leaves the roots by `..` or by a symlink is refused, never read.
+entry of `files`. It must lie under one of the project's allowed roots: every file is
+opened by walking from the root's descriptor, one component at a time without letting
+the kernel follow a symlink (webapp/domain/confined_files.py), so a path that leaves the
+roots by `..` or by a symlink at any level, even one swapped in during the check, is
+refused, never read. Files fetched from S3 are written under the worker's scratch
+directory the same way.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+
+from webapp.domain import confined_files
 
 CHUNK = 8 * 1024 * 1024  # large reads: hashlib releases the GIL and the disk streams
 
@@ -53,6 +58,13 @@ class IntegrityReport:
     # Where the files can be read now (a local directory); None when nothing can be.
     base: str | None = None
     single_file: bool = False
+    # check_local(keep_open=True): relative path -> open descriptor of the checked file.
+    handles: dict[str, int] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for fd in self.handles.values():
+            os.close(fd)
+        self.handles.clear()
 
     @property
     def ok(self) -> bool:
@@ -62,53 +74,28 @@ class IntegrityReport:
 Progress = Callable[[int], None]
 
 
-class LocationRefused(Exception):
-    """The location is outside every allowed root; nothing is read."""
-
-
-def _inside(path: str, roots: list[str]) -> bool:
-    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
-
-
-def resolve_local(location: str, allowed_roots: list[str]) -> str:
-    """The real path of `location`, or LocationRefused if it is not under a root."""
-    roots = [os.path.realpath(r) for r in allowed_roots if r.startswith("/")]
-    if not roots:
-        raise LocationRefused(
-            "the project has no allowed root directories, so no checkpoint file may be read"
-        )
-    pure = PurePosixPath(location)
-    if not pure.is_absolute() or ".." in pure.parts:
-        raise LocationRefused(f"{location} is not an absolute path without '..'")
-    if not _inside(os.path.normpath(location), [os.path.normpath(r) for r in allowed_roots]):
-        raise LocationRefused(
-            f"{location} is outside the project's allowed roots ({', '.join(allowed_roots)})"
-        )
-    real = os.path.realpath(location)
-    if not _inside(real, roots):
-        raise LocationRefused(
-            f"{location} leads by a symlink to {real}, outside the project's allowed roots "
-            f"({', '.join(allowed_roots)})"
-        )
-    return real
-
-
-def hash_file(path: str, progress: Progress | None = None) -> tuple[str, int]:
-    """sha256 and byte count of a file, read once in large chunks."""
+def hash_fd(fd: int, progress: Progress | None = None) -> tuple[str, int]:
+    """sha256 and byte count of an open file, read once in large chunks from its start."""
     digest = hashlib.sha256()
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
     total = 0
-    # O_NOFOLLOW: the last component was checked not to be a symlink out of the root;
-    # refuse it if it was swapped for one since.
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb", buffering=0) as handle:
-        while n := handle.readinto(buffer):
-            digest.update(view[:n])
-            total += n
-            if progress:
-                progress(n)
+    while n := os.preadv(fd, [buffer], total):
+        digest.update(view[:n])
+        total += n
+        if progress:
+            progress(n)
     return digest.hexdigest(), total
+
+
+def hash_file(path: str, progress: Progress | None = None) -> tuple[str, int]:
+    """sha256 and byte count of a file the worker names itself (not a job's path: those
+    are opened with confined_files)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return hash_fd(fd, progress)
+    finally:
+        os.close(fd)
 
 
 def check_local(
@@ -116,75 +103,108 @@ def check_local(
     files: list[FileSpec],
     allowed_roots: list[str],
     progress: Progress | None = None,
+    *,
+    keep_open: bool = False,
 ) -> IntegrityReport:
+    """Every file opened by walking from an allowed root's descriptor
+    (confined_files): what is hashed is what was checked. With `keep_open`, the
+    descriptors of the files that passed stay open in report.handles for the caller
+    to read the same files from (report.close() closes them)."""
     started = time.perf_counter()
     report = IntegrityReport()
-    try:
-        real = resolve_local(location, allowed_roots)
-    except LocationRefused as exc:
-        report.findings.append(Finding("refused", "outside_allowed_roots", str(exc)))
-        return report
-    if not os.path.exists(real):
-        report.findings.append(
-            Finding("missing", "location_missing", f"{location} does not exist (any more)")
-        )
-        return report
-    roots = [os.path.realpath(r) for r in allowed_roots if r.startswith("/")]
-    is_dir = os.path.isdir(real)
-    base = real if is_dir else os.path.dirname(real)
-    report.base, report.single_file = base, not is_dir
-    if not is_dir and (len(files) != 1 or files[0].path != os.path.basename(real)):
-        report.findings.append(
-            Finding(
-                "corrupt",
-                "files_do_not_match_location",
-                f"{location} is a single file, but the job reported "
-                f"{len(files)} files ({', '.join(f.path for f in files[:3])})",
+    with confined_files.Tree(allowed_roots) as tree:
+        try:
+            place = tree.locate(location, "location")
+            info = tree.stat(place)
+        except confined_files.Refused as exc:
+            report.findings.append(Finding("refused", "outside_allowed_roots", str(exc)))
+            return report
+        except (FileNotFoundError, NotADirectoryError):
+            report.findings.append(
+                Finding("missing", "location_missing", f"{location} does not exist (any more)")
             )
-        )
-        return report
-    for spec in files:
-        report.findings.extend(_check_one(base, spec, roots, report, progress))
+            return report
+        is_dir = stat.S_ISDIR(info.st_mode)
+        report.base = location.rstrip("/") if is_dir else os.path.dirname(location.rstrip("/"))
+        report.single_file = not is_dir
+        if not is_dir and (len(files) != 1 or files[0].path != place.name):
+            report.findings.append(
+                Finding(
+                    "corrupt",
+                    "files_do_not_match_location",
+                    f"{location} is a single file, but the job reported "
+                    f"{len(files)} files ({', '.join(f.path for f in files[:3])})",
+                )
+            )
+            return report
+        try:
+            for spec in files:
+                found = _check_one(tree, place, is_dir, spec, report, progress, keep_open)
+                report.findings.extend(found)
+        except BaseException:
+            report.close()
+            raise
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _check_one(base, spec: FileSpec, roots, report: IntegrityReport, progress) -> list[Finding]:
-    rel = PurePosixPath(spec.path)
-    if rel.is_absolute() or ".." in rel.parts:
-        message = f"{spec.path} is not a relative path without '..'"
-        return [Finding("refused", "path_escapes", message, spec.path)]
-    path = os.path.join(base, spec.path)
-    real = os.path.realpath(path)
-    if not _inside(real, roots):
-        return [
-            Finding(
-                "refused",
-                "symlink_escapes",
-                f"{spec.path} is a symlink to {real}, outside the project's allowed roots; "
-                "it was not read",
-                spec.path,
-            )
-        ]
+def _open_one(tree, place, is_dir: bool, spec: FileSpec) -> int | Finding:
     try:
-        info = os.stat(real)
-    except FileNotFoundError:
-        return [Finding("missing", "file_missing", f"{spec.path} is missing", spec.path)]
-    if not stat.S_ISREG(info.st_mode):
-        return [Finding("corrupt", "not_a_file", f"{spec.path} is not a regular file", spec.path)]
-    if info.st_size != spec.size:
-        what = "truncated" if info.st_size < spec.size else "larger than reported"
+        file_place = place.join(spec.path, "file path") if is_dir else place
+    except confined_files.Refused as exc:
+        return Finding("refused", "path_escapes", str(exc), spec.path)
+    try:
+        return tree.open_read(file_place)
+    except confined_files.Refused as exc:
+        if exc.kind == "type":
+            return Finding("corrupt", "not_a_file", f"{spec.path} is not a regular file", spec.path)
+        return Finding(
+            "refused",
+            "symlink_escapes" if exc.kind == "symlink" else "path_escapes",
+            f"{spec.path}: {exc}",
+            spec.path,
+        )
+    except (FileNotFoundError, NotADirectoryError):
+        return Finding("missing", "file_missing", f"{spec.path} is missing", spec.path)
+    except IsADirectoryError:
+        return Finding("corrupt", "not_a_file", f"{spec.path} is not a regular file", spec.path)
+    except OSError as exc:
+        return Finding("corrupt", "unreadable", f"{spec.path} cannot be read: {exc}", spec.path)
+
+
+def _check_one(
+    tree, place, is_dir: bool, spec: FileSpec, report: IntegrityReport, progress, keep_open
+) -> list[Finding]:
+    opened = _open_one(tree, place, is_dir, spec)
+    if isinstance(opened, Finding):
+        return [opened]
+    fd = opened
+    try:
+        problem = _hash_and_compare(fd, spec, report, progress)
+    except BaseException:
+        os.close(fd)
+        raise
+    if problem or not keep_open:
+        os.close(fd)
+    else:
+        report.handles[spec.path] = fd
+    return problem
+
+
+def _hash_and_compare(fd: int, spec: FileSpec, report: IntegrityReport, progress):
+    size = os.fstat(fd).st_size
+    if size != spec.size:
+        what = "truncated" if size < spec.size else "larger than reported"
         return [
             Finding(
                 "corrupt",
                 "size_mismatch",
-                f"{spec.path} is {what}: {info.st_size:,} bytes on disk, "
-                f"{spec.size:,} reported by the job",
+                f"{spec.path} is {what}: {size:,} bytes on disk, {spec.size:,} reported by the job",
                 spec.path,
             )
         ]
     try:
-        digest, n = hash_file(real, progress)
+        digest, n = hash_fd(fd, progress)
     except OSError as exc:
         return [Finding("corrupt", "unreadable", f"{spec.path} cannot be read: {exc}", spec.path)]
     report.bytes_read += n
@@ -251,16 +271,24 @@ def check_s3(
     bucket, prefix = split_s3(location)
     single = len(files) == 1 and prefix.rstrip("/").endswith("/" + files[0].path)
     report.base, report.single_file = scratch, single
-    for spec in files:
-        key = prefix if single else prefix.rstrip("/") + "/" + spec.path
-        target = os.path.join(scratch, spec.path)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        report.findings.extend(_fetch_one(client, bucket, key, spec, target, report, progress))
+    # The job names the files: each is written under `scratch` by a confined walk, so a
+    # path with '..', an absolute path or a symlink in scratch cannot write elsewhere.
+    with confined_files.Tree([scratch]) as tree:
+        top = tree.locate(scratch)
+        for spec in files:
+            try:
+                target = top.join(spec.path, "file path")
+            except confined_files.Refused as exc:
+                report.findings.append(Finding("refused", "path_escapes", str(exc), spec.path))
+                continue
+            key = prefix if single else prefix.rstrip("/") + "/" + spec.path
+            found = _fetch_one(client, bucket, key, spec, tree, target, report, progress)
+            report.findings.extend(found)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _fetch_one(client, bucket, key, spec: FileSpec, target, report, progress) -> list[Finding]:
+def _fetch_one(client, bucket, key, spec: FileSpec, tree, target, report, progress):
     from botocore.exceptions import ClientError
 
     try:
@@ -282,7 +310,11 @@ def _fetch_one(client, bucket, key, spec: FileSpec, target, report, progress) ->
         ]
     digest = hashlib.sha256()
     total = 0
-    with open(target, "wb") as out:
+    try:
+        fd = tree.create_file(target, replace=True)
+    except (confined_files.Refused, OSError) as exc:
+        return [Finding("refused", "path_escapes", f"{spec.path}: {exc}", spec.path)]
+    with os.fdopen(fd, "wb") as out:
         for chunk in response["Body"].iter_chunks(CHUNK):
             digest.update(chunk)
             out.write(chunk)
