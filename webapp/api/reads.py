@@ -6,7 +6,7 @@ project is simply not found."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from django.db import transaction
 from django.shortcuts import get_object_or_404
@@ -15,6 +15,7 @@ from ninja import Router, Schema, Status
 
 from webapp.api.auth import operate_auth, read_auth
 from webapp.api.errors import ApiError
+from webapp.domain import run_health
 from webapp.domain.models import Checkpoint, Event, Run
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ReplicaStatus
@@ -41,10 +42,23 @@ class RunOut(Schema):
     last_heartbeat_at: datetime | None
     last_step: int | None
     last_metrics: dict[str, Any]
+    # up / late / overdue against expected_interval_s; not_watched when the run ended or
+    # has no interval (webapp/domain/run_health.py, the dashboard's rule).
+    health: Literal["up", "late", "overdue", "not_watched"]
+    # When it turns late (while up) or overdue (while late); null otherwise.
+    next_deadline: datetime | None
 
     @staticmethod
     def resolve_resumed_from(run: Run) -> int | None:
         return run.resumed_from_id
+
+    @staticmethod
+    def resolve_health(run: Run) -> str:
+        return run_health.of(run).api_state
+
+    @staticmethod
+    def resolve_next_deadline(run: Run) -> datetime | None:
+        return run_health.of(run).next_deadline
 
 
 class FileOut(Schema):
@@ -212,13 +226,19 @@ def _checkpoint(request, checkpoint_id: int) -> Checkpoint:
     return checkpoint
 
 
-@router.get("/runs", auth=read_auth, response={200: RunPage})
-def list_runs(request, status: str | None = None, limit: int = 100, offset: int = 0):
-    """Runs of the project, most recently active first."""
+@router.get("/runs", auth=read_auth, response={200: RunPage, 400: ErrorOut})
+def list_runs(
+    request, status: str | None = None, health: str | None = None, limit: int = 100, offset: int = 0
+):
+    """Runs of the project, most recently active first; filter by status or health."""
     limit = max(1, min(limit, 1000))
-    runs = Run.objects.filter(project=request.auth.project)
+    runs = Run.objects.filter(project=request.auth.project).with_health()
     if status:
         runs = runs.filter(status=status)
+    if health:
+        if health not in run_health.API_STATES:
+            raise ApiError(400, f"health must be one of {', '.join(run_health.API_STATES)}")
+        runs = runs.filter(run_health.api_filter(health))
     page = list(runs.order_by("-last_seen_at", "-id")[offset : offset + limit + 1])
     more = len(page) > limit
     return {"runs": page[:limit], "next_offset": offset + limit if more else None}
