@@ -72,6 +72,7 @@ def test_the_deployment_default_stands_in_until_the_history_is_enough(
 
 
 def test_the_minimums_are_settings(one_failure_in_seconds, settings):
+    assert analytics.project_mtbf(one_failure_in_seconds)[0] is None
     settings.ANALYTICS_MTBF_MIN_FAILURES = 1
     settings.ANALYTICS_MTBF_MIN_HOURS = 0
     mtbf, failures, _ = analytics.project_mtbf(one_failure_in_seconds)
