@@ -50,6 +50,7 @@ def test_a_run_s_badge_follows_its_state(api, token, project):
     assert ">overdue<" in body and "#e05d44" in body and ">exp/a<" in body
     assert "http" not in body.replace("http://www.w3.org/2000/svg", "")  # nothing fetched
     assert "max-age=30" in svg["Cache-Control"]
+    assert badge(f"/badge/{project.badge_key}/run/exp/a.json")["Access-Control-Allow-Origin"] == "*"
     assert badge(f"/badge/{project.badge_key}/run/exp/a.json").json() == {
         "label": "exp/a",
         "status": "overdue",

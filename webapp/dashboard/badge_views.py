@@ -31,6 +31,8 @@ def _project(badge_key: str) -> Project:
 def _answer(request, badge: badges.Badge, fmt: str):
     if fmt == "json":
         response = JsonResponse(badge.as_dict())
+        # A status page on another site may read it: the URL is the only secret.
+        response["Access-Control-Allow-Origin"] = "*"
     else:
         label = badge.label if len(badge.label) <= LABEL_MAX else badge.label[: LABEL_MAX - 1] + "…"
         response = render(
