@@ -91,27 +91,18 @@ def test_the_mtbf_comes_from_the_project_s_own_failures(project):
     from webapp.domain.models import Run
 
     start = T0
+    for key, hours in (("a", 2), ("b", 3), ("c", 10)):
+        Run.objects.create(
+            project=project, key=key, status="failed", started_at=start,
+            ended_at=start + timedelta(hours=hours),
+        )  # fmt: skip
     Run.objects.create(
         project=project,
-        key="a",
-        status="failed",
-        started_at=start,
-        ended_at=start + timedelta(hours=2),
-    )
-    Run.objects.create(
-        project=project,
-        key="b",
-        status="failed",
-        started_at=start,
-        ended_at=start + timedelta(hours=3),
-    )
-    Run.objects.create(
-        project=project,
-        key="c",
+        key="d",
         status="finished",
         started_at=start,
-        ended_at=start + timedelta(hours=7),
+        ended_at=start + timedelta(hours=9),
     )
-    mtbf, failures, source = analytics.project_mtbf(project, now=start + timedelta(hours=8))
-    assert failures == 2 and mtbf == pytest.approx(6 * 3600)  # 12 h of running, 2 failures
-    assert source == "2 failed runs over 12.0 h"
+    mtbf, failures, source = analytics.project_mtbf(project, now=start + timedelta(hours=12))
+    assert failures == 3 and mtbf == pytest.approx(8 * 3600)  # 24 h of running, 3 failures
+    assert source == "3 failed runs over 24.0 h"

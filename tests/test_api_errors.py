@@ -140,7 +140,8 @@ def test_the_document_declares_every_status_with_the_error_schema(client):
     for action in actions:
         responses = document["paths"][f"/api/v1/checkpoints/{{checkpoint_id}}/{action}"]["post"]
         assert {"202", "409"} <= set(responses["responses"])
-    limit = document["paths"]["/api/v1/runs"]["get"]["parameters"][1]
+    parameters = document["paths"]["/api/v1/runs"]["get"]["parameters"]
+    limit = next(p for p in parameters if p["name"] == "limit")
     assert (limit["name"], limit["schema"]["minimum"], limit["schema"]["maximum"]) == (
         "limit",
         1,

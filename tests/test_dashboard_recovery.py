@@ -532,14 +532,16 @@ def test_only_this_projects_profiles_can_resume_automatically(project, other_pro
 
 def analysed_run(project):
     """A run of 10 h that saved a 1 GiB checkpoint every 30 min, each in 60 s; the project
-    has one failed run of 10 h (M = 20 h over the two)."""
+    has three failed runs of 10, 10 and 30 h before it (M = 60 h / 3 = 20 h: enough
+    history for an MTBF, docs/analytics.md)."""
     from webapp.domain.models import Run
 
     start = timezone.now() - timedelta(hours=10)
-    Run.objects.create(
-        project=project, key="old", status="failed", started_at=start,
-        ended_at=start + timedelta(hours=10), last_seen_at=start,
-    )  # fmt: skip
+    for key, hours in (("old", 10), ("old-2", 10), ("old-3", 30)):
+        Run.objects.create(
+            project=project, key=key, status="failed", started_at=start - timedelta(hours=hours),
+            ended_at=start, last_seen_at=start,
+        )  # fmt: skip
     run = make_run(project, "r", status="finished", started_at=start,
                    ended_at=start + timedelta(hours=10))  # fmt: skip
     for i in range(1, 21):
@@ -583,7 +585,7 @@ def test_the_analytics_show_overhead_intervals_losses_and_the_chart(project, vie
     # 20 saves of 60 s in 10 h: 3.33 %; τ = 30 min − 60 s = 29 min; M = 20 h.
     assert "3.33 %" in html and "29 min" in html
     assert figures.mtbf_seconds == pytest.approx(20 * 3600, rel=1e-3)
-    assert "1 failed runs over 20.0 h" in html
+    assert "3 failed runs over 60.0 h" in html
     assert "17.1 MiB/s" in html  # 1 GiB saved in 60 s
     daly = figures.daly_interval_seconds
     assert daly and "recommended" in html

@@ -288,6 +288,19 @@ EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "") or ""
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "lifeboat@localhost")
 
+# --- Badges and health (webapp/domain/badges.py, webapp/domain/analytics.py) ----------
+# How long browsers and proxies (GitHub's camo) may keep a status badge, in seconds.
+BADGE_MAX_AGE_S = env_int("BADGE_MAX_AGE_S", 30, minimum=0)
+# A tag's or project's badge counts the running runs and those that ended within this
+# many hours (a failed run that was resumed no longer counts).
+BADGE_ENDED_HOURS = env_int("BADGE_ENDED_HOURS", 24, minimum=1)
+# No MTBF from the project's history before it holds this many failed runs and this many
+# hours of running time (docs/analytics.md); until then the analytics use ?mtbf_hours= or
+# ANALYTICS_DEFAULT_MTBF_HOURS (0: none, and they say what they need).
+ANALYTICS_MTBF_MIN_FAILURES = env_int("ANALYTICS_MTBF_MIN_FAILURES", 3, minimum=1)
+ANALYTICS_MTBF_MIN_HOURS = env_int("ANALYTICS_MTBF_MIN_HOURS", 24, minimum=0)
+ANALYTICS_DEFAULT_MTBF_HOURS = env_int("ANALYTICS_DEFAULT_MTBF_HOURS", 0, minimum=0)
+
 # --- Redis and Celery ----------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)

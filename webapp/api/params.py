@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field
 from webapp.domain.event_schema import INT64_MAX
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.runs import RunStatus
+from webapp.domain.run_health import API_STATES
 
 # Pages: at most this many rows per answer; offsets beyond this many rows are refused
 # (a deeper page is what before_step, or a filter, is for).
@@ -44,6 +45,7 @@ Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
 BeforeStep = Annotated[int | None, Query(ge=0, le=INT64_MAX)]
 MtbfHours = Annotated[float | None, Query(ge=MTBF_HOURS_MIN, le=MTBF_HOURS_MAX)]
 RunStatusFilter = Annotated[Literal[tuple(RunStatus.values)] | None, Query()]
+HealthFilter = Annotated[Literal[API_STATES] | None, Query()]
 CheckpointStatusFilter = Annotated[Literal[tuple(CheckpointStatus.values)] | None, Query()]
 
 

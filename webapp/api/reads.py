@@ -8,7 +8,7 @@ project is simply not found."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from django.db import transaction
 from django.shortcuts import get_object_or_404
@@ -24,6 +24,7 @@ from webapp.api.params import (
     BodyIn,
     CheckpointId,
     CheckpointStatusFilter,
+    HealthFilter,
     Limit,
     MtbfHours,
     Name,
@@ -33,6 +34,7 @@ from webapp.api.params import (
     RunKeyQuery,
     RunStatusFilter,
 )
+from webapp.domain import run_health
 from webapp.domain.models import Checkpoint, Event, Run
 from webapp.domain.models.recovery import ReplicaStatus
 
@@ -58,10 +60,23 @@ class RunOut(Schema):
     last_heartbeat_at: datetime | None
     last_step: int | None
     last_metrics: dict[str, Any]
+    # up / late / overdue against expected_interval_s; not_watched when the run ended or
+    # has no interval (webapp/domain/run_health.py, the dashboard's rule).
+    health: Literal["up", "late", "overdue", "not_watched"]
+    # When it turns late (while up) or overdue (while late); null otherwise.
+    next_deadline: datetime | None
 
     @staticmethod
     def resolve_resumed_from(run: Run) -> int | None:
         return run.resumed_from_id
+
+    @staticmethod
+    def resolve_health(run: Run) -> str:
+        return run_health.of(run).api_state
+
+    @staticmethod
+    def resolve_next_deadline(run: Run) -> datetime | None:
+        return run_health.of(run).next_deadline
 
 
 class FileOut(Schema):
@@ -208,11 +223,19 @@ class CheckpointPage(Schema):
 
 
 @router.get("/runs", auth=read_auth, response={200: RunPage})
-def list_runs(request, status: RunStatusFilter = None, limit: Limit = 100, offset: Offset = 0):
-    """Runs of the project, most recently active first."""
-    runs = Run.objects.filter(project=request.auth.project)
+def list_runs(
+    request,
+    status: RunStatusFilter = None,
+    health: HealthFilter = None,
+    limit: Limit = 100,
+    offset: Offset = 0,
+):
+    """Runs of the project, most recently active first; filter by status or health."""
+    runs = Run.objects.filter(project=request.auth.project).with_health()
     if status:
         runs = runs.filter(status=status)
+    if health:
+        runs = runs.filter(run_health.api_filter(health))
     page = list(runs.order_by("-last_seen_at", "-id")[offset : offset + limit + 1])
     more = len(page) > limit
     return {"runs": page[:limit], "next_offset": offset + limit if more else None}

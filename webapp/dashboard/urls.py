@@ -1,6 +1,6 @@
-from django.urls import path
+from django.urls import path, re_path
 
-from webapp.dashboard import alert_views, recovery_views, settings_views, views
+from webapp.dashboard import alert_views, badge_views, recovery_views, settings_views, views
 
 app_name = "dashboard"
 urlpatterns = [
@@ -34,6 +34,12 @@ urlpatterns = [
         recovery_views.checkpoint_resume,
         name="checkpoint-resume",
     ),
+    path("p/<slug:slug>/badges/", badge_views.badges_page, name="badges"),
+    path(
+        "p/<slug:slug>/badges/regenerate/",
+        badge_views.badges_regenerate,
+        name="badges-regenerate",
+    ),
     path("p/<slug:slug>/settings/tokens/", settings_views.tokens, name="settings-tokens"),
     path(
         "p/<slug:slug>/settings/tokens/<int:token_id>/revoke/",
@@ -56,6 +62,22 @@ urlpatterns = [
     ),
     path("p/<slug:slug>/settings/recovery/", settings_views.recovery, name="settings-recovery"),
     path("p/<slug:slug>/settings/audit/", settings_views.audit_log, name="settings-audit"),
+    # Badges: no sign-in; the badge key is the secret. Run keys and tags may hold "/".
+    re_path(
+        r"^badge/(?P<badge_key>[A-Za-z0-9_-]+)\.(?P<fmt>svg|json)$",
+        badge_views.project_badge,
+        name="badge-project",
+    ),
+    re_path(
+        r"^badge/(?P<badge_key>[A-Za-z0-9_-]+)/tag/(?P<name>.+)\.(?P<fmt>svg|json)$",
+        badge_views.tag_badge,
+        name="badge-tag",
+    ),
+    re_path(
+        r"^badge/(?P<badge_key>[A-Za-z0-9_-]+)/run/(?P<name>.+)\.(?P<fmt>svg|json)$",
+        badge_views.run_badge,
+        name="badge-run",
+    ),
     # Last: run keys may contain "/".
     path("p/<slug:slug>/runs/<path:key>/", views.run_detail, name="run"),
 ]

@@ -10,7 +10,6 @@ import contextlib
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db import connection
 from django.db.models import F, Q
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -84,13 +83,6 @@ def projects(request):
 # --- The project page -----------------------------------------------------------------
 
 
-def _tag_filter(tag: str) -> Q:
-    if connection.vendor == "postgresql":
-        return Q(tags__contains=[tag])
-    # SQLite has no JSON containment: match the quoted element in the JSON text.
-    return Q(tags__icontains=f'"{tag}"')
-
-
 @require_GET
 @vary_on_headers("HX-Request")
 @project_view()
@@ -106,7 +98,7 @@ def runs(request):
     if q:
         run_list = run_list.filter(Q(name__icontains=q) | Q(key__icontains=q))
     if tag:
-        run_list = run_list.filter(_tag_filter(tag))
+        run_list = run_list.tagged(tag)
     if status in RunStatus.values:
         run_list = run_list.filter(status=status)
     elif status in (Health.UP, Health.LATE, Health.OVERDUE):

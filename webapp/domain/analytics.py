@@ -21,6 +21,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
+from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -85,6 +86,7 @@ class RunAnalytics:
     interval_seconds_actual: float | None  # compute between checkpoints, median
     mtbf_seconds: float | None
     mtbf_source: str
+    mtbf_basis: str  # given (?mtbf_hours=), history, default (the setting), or none
     failures_seen: int
     restore_seconds: float | None
     young_interval_seconds: float | None
@@ -103,7 +105,10 @@ class RunAnalytics:
 
 def project_mtbf(project, now=None) -> tuple[float | None, int, str]:
     """Mean time between failures from the project's own history: the runs' total running
-    time divided by the number of runs that failed. (None, 0, why) before any failure."""
+    time divided by the number of runs that failed, once that history holds at least
+    ANALYTICS_MTBF_MIN_FAILURES failures and ANALYTICS_MTBF_MIN_HOURS of running time
+    (one failure after a few seconds says nothing about the next one). Before that,
+    (None, failures, a sentence saying what it needs)."""
     from webapp.domain.models import Run
 
     now = now or timezone.now()
@@ -115,9 +120,55 @@ def project_mtbf(project, now=None) -> tuple[float | None, int, str]:
     )
     total = totals["time"].total_seconds() if totals["time"] else 0.0
     failures = totals["failures"]
+    seen = f"{failures} failed run{'' if failures == 1 else 's'} over {total / 3600:.1f} h"
+    need_failures, need_hours = mtbf_minimums()
     if not failures:
-        return None, 0, "no failure seen in this project yet: pass ?mtbf_hours= to assume one"
-    return total / failures, failures, f"{failures} failed runs over {total / 3600:.1f} h"
+        return (
+            None,
+            0,
+            (
+                f"no failure seen in this project yet ({total / 3600:.1f} h of runs): an MTBF "
+                f"needs at least {need_failures} failed runs and {need_hours:g} h; "
+                "pass ?mtbf_hours= to assume one"
+            ),
+        )
+    if failures < need_failures or total < need_hours * 3600:
+        return (
+            None,
+            failures,
+            (
+                f"too little history for an MTBF: {seen}; it needs at least {need_failures} "
+                f"failed runs and {need_hours:g} h; pass ?mtbf_hours= to assume one"
+            ),
+        )
+    return total / failures, failures, seen
+
+
+def mtbf_minimums() -> tuple[int, float]:
+    """(failed runs, hours of running time) the project's history needs for an MTBF."""
+    return settings.ANALYTICS_MTBF_MIN_FAILURES, float(settings.ANALYTICS_MTBF_MIN_HOURS)
+
+
+def _mtbf(run, mtbf_seconds: float | None, now) -> tuple[float | None, int, str, str]:
+    """(M, failures seen, source in words, basis): given by the caller, else from the
+    project's history when it is long enough, else the deployment's default, else none."""
+    if mtbf_seconds is not None:
+        return mtbf_seconds, 0, "given", "given"
+    mtbf, failures, source = project_mtbf(run.project, now)
+    if mtbf is not None:
+        return mtbf, failures, source, "history"
+    default_hours = settings.ANALYTICS_DEFAULT_MTBF_HOURS
+    if default_hours:
+        return (
+            default_hours * 3600.0,
+            failures,
+            (
+                f"the deployment's default of {default_hours} h (ANALYTICS_DEFAULT_MTBF_HOURS), "
+                f"until the project's own history is long enough: {source}"
+            ),
+            "default",
+        )
+    return None, failures, source, "none"
 
 
 def for_run(run, mtbf_seconds: float | None = None, now=None) -> RunAnalytics:
@@ -153,16 +204,15 @@ def for_run(run, mtbf_seconds: float | None = None, now=None) -> RunAnalytics:
     if len(times) >= 2:
         gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
         interval = max(statistics.median(gaps) - (delta or 0.0), 0.0)
-    if mtbf_seconds is not None:
-        mtbf, failures, source = mtbf_seconds, 0, "given"
-    else:
-        mtbf, failures, source = project_mtbf(run.project, now)
+    mtbf, failures, source, basis = _mtbf(run, mtbf_seconds, now)
     restore = _restore_seconds(run)
     figures = dict.fromkeys(
         ("young", "daly", "loss_actual", "loss_daly", "waste_actual", "waste_daly")
     )
     if delta is None:
         notes.append("no checkpoint reported its save time yet")
+    if mtbf is None:
+        notes.append(f"no interval is recommended: {source}")
     if mtbf and delta is not None:
         figures["young"] = young_interval(delta, mtbf)
         figures["daly"] = daly_interval(delta, mtbf)
@@ -182,6 +232,7 @@ def for_run(run, mtbf_seconds: float | None = None, now=None) -> RunAnalytics:
         interval_seconds_actual=interval,
         mtbf_seconds=mtbf,
         mtbf_source=source,
+        mtbf_basis=basis,
         failures_seen=failures,
         restore_seconds=restore,
         young_interval_seconds=figures["young"],

@@ -52,6 +52,11 @@ def validate_allowed_roots(value: object) -> None:
             raise ValidationError(f"{root!r} is not an absolute path without '..'")
 
 
+def new_badge_key() -> str:
+    """A fresh badge key: 128 random bits, URL-safe (the only secret of a badge URL)."""
+    return secrets.token_urlsafe(16)
+
+
 class Project(models.Model):
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=100, unique=True)
@@ -69,6 +74,9 @@ class Project(models.Model):
         "domain.LaunchProfile", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     max_restarts = models.PositiveIntegerField(default=3)
+    # Status badges (webapp/domain/badges.py) are served without a token at URLs that
+    # carry this key; an admin regenerates it to retire every URL given out so far.
+    badge_key = models.CharField(max_length=32, unique=True, default=new_badge_key)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -84,6 +92,11 @@ class Project(models.Model):
             return Role.ADMIN
         membership = self.memberships.filter(user=user).first()
         return membership.role if membership else None
+
+    def regenerate_badge_key(self) -> str:
+        self.badge_key = new_badge_key()
+        self.save(update_fields=["badge_key"])
+        return self.badge_key
 
     def issue_token(self, name: str, scopes: list[str], created_by=None) -> tuple[ApiToken, str]:
         """Create a token and return it with its secret, which is not stored and is

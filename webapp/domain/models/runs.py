@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from django.db import models
-from django.db.models import Case, F, Func, OuterRef, Q, Subquery, Sum, Value, When
+import json
+
+from django.db import connection, models
+from django.db.models import Func, OuterRef, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+
+from webapp.domain.run_health import HEALTH_GRACE  # noqa: F401 (re-exported)
 
 
 class RunStatus(models.TextChoices):
@@ -23,10 +27,6 @@ class Health(models.TextChoices):
     OVERDUE = "overdue", "Overdue"
     UNKNOWN = "unknown", "No interval"  # the run never said how often it checkpoints
     ENDED = "ended", "Ended"  # finished or failed: nothing more is expected
-
-
-# The grace period, as a fraction of the expected interval (a save is rarely punctual).
-HEALTH_GRACE = 0.5
 
 
 class SecondsBetween(Func):
@@ -89,26 +89,18 @@ class RunQuerySet(models.QuerySet):
         )
 
     def with_health(self, now=None):
-        """Annotate `health` (a Health value) and `checkpoint_age_s`; needs
-        with_dashboard_stats() first. Same rules as Run.health()."""
-        now = now or timezone.now()
-        since = Coalesce(F("last_checkpoint_at"), F("started_at"), F("created_at"))
-        interval = F("expected_interval_s")
-        return self.annotate(
-            checkpoint_age_s=SecondsBetween(Value(now, output_field=models.DateTimeField()), since)
-        ).annotate(
-            health=Case(
-                When(status__in=(RunStatus.FINISHED, RunStatus.FAILED), then=Value(Health.ENDED)),
-                When(
-                    Q(expected_interval_s__isnull=True) | Q(expected_interval_s__lte=0),
-                    then=Value(Health.UNKNOWN),
-                ),
-                When(checkpoint_age_s__lte=interval, then=Value(Health.UP)),
-                When(checkpoint_age_s__lte=interval * (1 + HEALTH_GRACE), then=Value(Health.LATE)),
-                default=Value(Health.OVERDUE),
-                output_field=models.CharField(),
-            )
-        )
+        """Annotate `health` (a Health value), `health_since` and `checkpoint_age_s`:
+        the one rule of webapp/domain/run_health.py."""
+        from webapp.domain import run_health
+
+        return run_health.annotate(self, now)
+
+    def tagged(self, tag: str):
+        """The runs that carry `tag`."""
+        if connection.vendor == "postgresql":
+            return self.filter(tags__contains=[tag])
+        # SQLite has no JSON containment: match the quoted element in the JSON text.
+        return self.filter(tags__icontains=json.dumps(tag))
 
 
 class Run(models.Model):
@@ -163,34 +155,13 @@ class Run(models.Model):
     def is_final(self) -> bool:
         return self.status in (RunStatus.FINISHED, RunStatus.FAILED)
 
-    def health(self, now=None, last_checkpoint_at=None) -> str:
+    def health(self, now=None) -> str:
         """up / late / overdue against expected_interval_s (see Health), measured from
-        the newest saved checkpoint, or from the start while there is none."""
-        if self.is_final:
-            return Health.ENDED
-        if not self.expected_interval_s or self.expected_interval_s <= 0:
-            return Health.UNKNOWN
-        if last_checkpoint_at is None:
-            last_checkpoint_at = getattr(self, "last_checkpoint_at", None)
-        if last_checkpoint_at is None:
-            from webapp.domain.models.checkpoints import CheckpointStatus
+        the newest saved checkpoint, or from the start while there is none: the SQL rule
+        of webapp/domain/run_health.py, asked for this one run."""
+        from webapp.domain import run_health
 
-            newest = (
-                self.checkpoints.exclude(
-                    status__in=(CheckpointStatus.SAVING, CheckpointStatus.FAILED)
-                )
-                .order_by("-step")
-                .values_list("saved_at", flat=True)
-                .first()
-            )
-            last_checkpoint_at = newest
-        since = last_checkpoint_at or self.started_at or self.created_at
-        age = ((now or timezone.now()) - since).total_seconds()
-        if age <= self.expected_interval_s:
-            return Health.UP
-        if age <= self.expected_interval_s * (1 + HEALTH_GRACE):
-            return Health.LATE
-        return Health.OVERDUE
+        return run_health.of(self, now).health
 
     def latest_verified_checkpoint(self):
         from webapp.domain.models.checkpoints import CheckpointStatus
