@@ -2,14 +2,16 @@
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 DJANGO_SETTINGS_MODULE=webapp.settings
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
+COPY client client
 COPY webapp webapp
 COPY workers workers
 COPY lifeboat lifeboat
 # The CPU build of torch for the load checks by default; the GPU worker's image is built
 # with TORCH_INDEX_URL pointing at a CUDA index (see docker-compose.yml).
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX_URL" '.[worker]'
+# The server pins the client distribution (client/) at its own version: both from here.
+RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX_URL" ./client '.[worker]'
 COPY . .
 RUN SECRET_KEY=build-only python manage.py collectstatic --noinput
 EXPOSE 8000

@@ -8,10 +8,15 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test lint format bench-ingest clean
 
-$(STAMP): pyproject.toml
+# Two distributions, both editable: the client (client/pyproject.toml, the lifeboat/
+# package) and the server (pyproject.toml), which depends on the client at its version.
+# The uninstall removes what a .venv made before the split installed as "lifeboat".
+$(STAMP): pyproject.toml setup.py client/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	! $(BIN)/python -m pip show --quiet lifeboat 2>/dev/null || \
+	  $(BIN)/python -m pip uninstall --quiet --yes lifeboat
+	$(BIN)/python -m pip install --quiet -e ./client -e '.[dev]'
 	touch $(STAMP)
 
 run: $(STAMP)

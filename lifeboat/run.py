@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from lifeboat.config import Config, default_run_key, hostname, process_rank
@@ -43,7 +43,7 @@ def current_run() -> Run | None:
 
 
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def _numbers(values: dict | None) -> dict:
@@ -52,7 +52,7 @@ def _numbers(values: dict | None) -> dict:
     for name, value in (values or {}).items():
         if hasattr(value, "item"):
             value = value.item()
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         out[str(name)] = value
     return out
