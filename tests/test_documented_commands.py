@@ -286,3 +286,27 @@ def test_two_stacks_side_by_side(stack, tmp_path_factory):
         second.stop()
     assert second.proc.returncode == 0
     assert get(stack, "/api/v1/runs", stack.banner_value("demo API token")) is not None
+
+
+def test_the_environment_wins_over_the_settings_file(tmp_path):
+    (tmp_path / "lifeboat.env").write_text(
+        "# written by make run\nDEBUG=1\nSITE_URL=http://from-the-file:1\nMETRICS_PUBLIC=1\n"
+    )
+    show = ".venv/bin/python manage.py shell -c " + shlex.quote(
+        "from django.conf import settings; print(settings.SITE_URL, settings.METRICS_PUBLIC)"
+    )
+    from_file = run_documented(show, tmp_path)
+    assert from_file.stdout.splitlines()[-1].split() == ["http://from-the-file:1", "True"], (
+        from_file.stderr
+    )
+    env = users_environment(tmp_path, SITE_URL="http://from-the-environment:2")
+    exported = subprocess.run(argv_of(show), cwd=ROOT, env=env, capture_output=True, text=True)
+    assert exported.stdout.splitlines()[-1].split() == ["http://from-the-environment:2", "True"]
+    off = subprocess.run(
+        argv_of(show),
+        cwd=ROOT,
+        env=env | {"LIFEBOAT_ENV_FILE": "off"},
+        capture_output=True,
+        text=True,
+    )
+    assert "SECRET_KEY must be set" in off.stderr  # DEBUG came from the file, now unset
