@@ -123,7 +123,7 @@ class Stack:
         }
         self.lines: list[str] = []
         self.ready = threading.Event()
-        env = users_environment(var, WEB_CONCURRENCY="1", **self.ports)
+        env = users_environment(var, WEB_CONCURRENCY="1", LIFEBOAT_STOP_TIMEOUT="5", **self.ports)
         self.proc = subprocess.Popen(
             [sys.executable, "scripts/run_stack.py"],
             cwd=ROOT,

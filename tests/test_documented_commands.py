@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
+import signal
 import subprocess
 import time
 import urllib.request
@@ -24,6 +26,7 @@ from tests.stack_support import (
     argv_of,
     documented,
     fenced_blocks,
+    free_block,
     run_documented,
     users_environment,
 )
@@ -39,8 +42,8 @@ def stack(tmp_path_factory):
     running.stop()
 
 
-def get(stack: Stack, path: str, token: str | None = None):
-    request = urllib.request.Request(stack.url + path)
+def get(base_url: str, path: str, token: str | None = None):
+    request = urllib.request.Request(base_url + path)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310
@@ -51,7 +54,7 @@ def wait_verified(stack: Stack, run: str, step: int, timeout: float = 60) -> dic
     token = stack.banner_value("demo API token")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for checkpoint in get(stack, f"/api/v1/runs/{run}/checkpoints", token)["checkpoints"]:
+        for checkpoint in get(stack.url, f"/api/v1/runs/{run}/checkpoints", token)["checkpoints"]:
             if checkpoint["step"] == step and checkpoint["status"] == "verified":
                 return checkpoint
         time.sleep(0.5)
@@ -101,7 +104,7 @@ def test_readme_create_project_joins_the_running_stack(stack, tmp_path):
     assert result.returncode == 0, result.stderr
     token = next(w for w in result.stdout.split() if w.startswith("lb_"))
     # The token works against the live server: the command wrote the stack's database.
-    assert get(stack, "/api/v1/runs", token) is not None
+    assert get(stack.url, "/api/v1/runs", token) is not None
 
 
 def test_a_command_without_make_run_says_what_is_missing(tmp_path):
@@ -168,7 +171,7 @@ def test_readme_tour_step_4_validates_its_own_checkpoint(stack):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["checkpoint"] == checkpoint["id"]
     deadline = time.monotonic() + 60
-    while get(stack, f"/api/v1/checkpoints/{checkpoint['id']}", token)["status"] != "corrupt":
+    while get(stack.url, f"/api/v1/checkpoints/{checkpoint['id']}", token)["status"] != "corrupt":
         assert time.monotonic() < deadline, "the damaged checkpoint was not found corrupt"
         time.sleep(0.5)
 
@@ -201,7 +204,8 @@ def test_client_snippets_run_against_a_live_server(stack):
         )
     token = stack.banner_value("demo API token")
     steps = [
-        c["step"] for c in get(stack, "/api/v1/runs/linear-lr0.1/checkpoints", token)["checkpoints"]
+        c["step"]
+        for c in get(stack.url, "/api/v1/runs/linear-lr0.1/checkpoints", token)["checkpoints"]
     ]
     assert steps == [300, 200, 100]
     assert "resuming from" in result.stdout
@@ -270,7 +274,7 @@ def test_two_stacks_side_by_side(stack, tmp_path_factory):
     second = Stack(tmp_path_factory.mktemp("stack-b")).wait_ready()
     try:
         for each in (stack, second):
-            assert get(each, "/api/v1/runs", each.banner_value("demo API token")) is not None
+            assert get(each.url, "/api/v1/runs", each.banner_value("demo API token")) is not None
             s3 = boto3.client(
                 "s3",
                 endpoint_url=f"http://127.0.0.1:{each.ports['LIFEBOAT_S3_PORT']}",
@@ -285,7 +289,7 @@ def test_two_stacks_side_by_side(stack, tmp_path_factory):
     finally:
         second.stop()
     assert second.proc.returncode == 0
-    assert get(stack, "/api/v1/runs", stack.banner_value("demo API token")) is not None
+    assert get(stack.url, "/api/v1/runs", stack.banner_value("demo API token")) is not None
 
 
 def test_the_environment_wins_over_the_settings_file(tmp_path):
@@ -310,3 +314,41 @@ def test_the_environment_wins_over_the_settings_file(tmp_path):
         text=True,
     )
     assert "SECRET_KEY must be set" in off.stderr  # DEBUG came from the file, now unset
+
+
+def test_deployment_web_line_serves_the_stacks_database(stack):
+    """docs/deployment.md's gunicorn line beside the stack (on a free port): the same
+    database, so the banner's token works on it."""
+    (command,) = documented("docs/deployment.md", ".venv/bin/gunicorn webapp.asgi")
+    port = free_block(1)
+    argv = argv_of(command, **{"0.0.0.0:8000": f"127.0.0.1:{port}", "2": "1"})
+    web = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=users_environment(stack.var),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        process_group=0,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert web.poll() is None, web.stderr.read()
+            try:
+                runs = get(
+                    f"http://127.0.0.1:{port}", "/api/v1/runs", stack.banner_value("demo API token")
+                )
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "gunicorn did not answer"
+                time.sleep(0.5)
+        assert runs is not None
+    finally:
+        web.terminate()
+        try:
+            web.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(web.pid, signal.SIGKILL)
+            web.wait()
