@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import ipaddress
 import json
 import os
 import re
@@ -40,7 +39,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # webapp.env_file, for stack_settings
 
-from stack_settings import keep_secret_key, save_settings, weed_mini_ports  # noqa: E402
+from stack_settings import (  # noqa: E402
+    binds_loopback_only,
+    keep_secret_key,
+    local_address,
+    save_settings,
+    weed_mini_ports,
+)
+
+from webapp.env_file import read_env_file, write_env_file  # noqa: E402
 
 BIN = Path(sys.executable).parent  # the virtualenv that runs this script
 VAR = Path(os.environ.get("LIFEBOAT_VAR_DIR") or ROOT / "var").resolve()
@@ -323,22 +330,13 @@ def start_s3(env: dict[str, str]):
 
 
 def read_credentials(path: Path = CREDENTIALS) -> dict[str, str]:
-    if not path.exists():
-        return {}
-    lines = path.read_text().splitlines()
-    pairs = (line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
-    return {key: value for key, value in pairs}
+    return read_env_file(path)  # KEY=VALUE lines, as var/lifeboat.env
 
 
 def write_credentials(creds: dict[str, str]) -> None:
-    text = "# Lifeboat on this machine (scripts/run_stack.py). Keep this file private.\n"
-    text += "".join(f"{key}={value}\n" for key, value in creds.items())
-    tmp = CREDENTIALS.with_name(CREDENTIALS.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, CREDENTIALS)  # whole or not at all, even on a Ctrl-C
+    # Whole or not at all (a rename), even on a Ctrl-C; mode 0600.
+    header = "Lifeboat on this machine (scripts/run_stack.py). Keep this file private."
+    write_env_file(CREDENTIALS, creds, header)
 
 
 def credentials_of_this_database(env: dict[str, str], creds: dict[str, str]) -> dict[str, str]:
@@ -405,26 +403,6 @@ def prepare_database(env: dict[str, str]) -> dict[str, str]:
         CREATE_DEMO_PROFILE,
     )
     return creds
-
-
-def binds_loopback_only(bind: str) -> bool:
-    """True when HOST:PORT listens on a loopback address only (not 0.0.0.0, not a LAN
-    address): then only this machine can reach the web server."""
-    host = bind.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def local_address(bind: str) -> tuple[str, int]:
-    """Where this machine reaches gunicorn's bind address (HOST:PORT)."""
-    host, _, port = bind.rpartition(":")
-    if host in ("", "0.0.0.0", "[::]"):  # noqa: S104 (we connect to it, not bind)
-        host = "127.0.0.1"
-    return host, int(port)
 
 
 def web_answers(url: str) -> bool:

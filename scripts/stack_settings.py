@@ -8,11 +8,13 @@ stack without anything exported.
 weed_mini_ports() gives every port `weed mini` opens from LIFEBOAT_S3_PORT (S3, default
 8333) and LIFEBOAT_S3_INTERNAL_PORT (the first of ten consecutive ports for its master,
 volume, filer and admin servers, their gRPC, and its debug port; default: SeaweedFS's
-own), so that two stacks can run side by side on one machine.
+own), so that two stacks can run side by side on one machine; local_address() and
+binds_loopback_only() read the web server's LIFEBOAT_BIND.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from pathlib import Path
 
@@ -80,3 +82,23 @@ def weed_mini_ports(env: dict[str, str]) -> tuple[int, list[str], list[int]]:
         ports += [_DEFAULTS[s] for s in (*_INTERNAL, "admin")]
         ports += [_DEFAULTS[s] + 10000 for s in (*_INTERNAL, "admin")] + [s3 + 10000]
     return s3, flags, ports
+
+
+def binds_loopback_only(bind: str) -> bool:
+    """True when HOST:PORT listens on a loopback address only (not 0.0.0.0, not a LAN
+    address): then only this machine can reach the web server."""
+    host = bind.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def local_address(bind: str) -> tuple[str, int]:
+    """Where this machine reaches gunicorn's bind address (HOST:PORT)."""
+    host, _, port = bind.rpartition(":")
+    if host in ("", "0.0.0.0", "[::]"):  # noqa: S104 (we connect to it, not bind)
+        host = "127.0.0.1"
+    return host, int(port)
