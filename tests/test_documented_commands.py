@@ -11,6 +11,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -352,3 +353,37 @@ def test_deployment_web_line_serves_the_stacks_database(stack):
         except subprocess.TimeoutExpired:
             os.killpg(web.pid, signal.SIGKILL)
             web.wait()
+
+
+def test_manage_py_under_a_python_without_django_says_which_to_use():
+    # -S: no site-packages, as the system's python3 on a fresh machine.
+    result = subprocess.run(
+        [sys.executable, "-S", "manage.py", "check"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert "Django cannot be imported" in result.stderr
+    assert ".venv/bin/python manage.py" in result.stderr
+
+
+def test_make_runs_database_url_reaches_the_commands(tmp_path):
+    """What make run chose is saved, and only that: a DATABASE_URL of the stack sends a
+    later command to the same PostgreSQL."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from stack_settings import save_settings
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    chosen = {
+        "DEBUG": "1",
+        "SECRET_KEY": "k" * 50,
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres",
+        "HOME": "/not/a/setting",
+    }
+    path = save_settings(tmp_path, chosen)
+    assert "DATABASE_URL=postgres://" in path.read_text()
+    assert "HOME" not in path.read_text()
+    show = ".venv/bin/python manage.py shell -c " + shlex.quote(
+        "from django.db import connection; print(connection.vendor)"
+    )
+    result = run_documented(show, tmp_path)
+    assert result.stdout.splitlines()[-1] == "postgresql", result.stderr
