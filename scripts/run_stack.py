@@ -3,7 +3,10 @@
 Redis, S3 (SeaweedFS), the web server, a Celery worker and Celery beat run as children
 of this script, with all their data under var/ (or LIFEBOAT_VAR_DIR). Ctrl-C or SIGTERM
 stops them in reverse start order. A service named in the environment is used instead
-of starting one: REDIS_URL (when it answers), S3_ENDPOINT_URL, DATABASE_URL.
+of starting one: REDIS_URL (when it answers), S3_ENDPOINT_URL, DATABASE_URL. Ports:
+LIFEBOAT_BIND (web), LIFEBOAT_REDIS_PORT, LIFEBOAT_S3_PORT and LIFEBOAT_S3_INTERNAL_PORT
+(scripts/stack_settings.py). The settings chosen are written to var/lifeboat.env for the
+commands a user runs in the checkout afterwards.
 
 The first start creates a superuser `admin` and a project `demo` with an API token and
 keeps both secrets in var/credentials.txt (a database that does not know the saved token,
@@ -15,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import ipaddress
 import json
 import os
 import re
@@ -35,6 +37,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # webapp.env_file, for stack_settings
+
+from stack_settings import (  # noqa: E402
+    binds_loopback_only,
+    keep_secret_key,
+    local_address,
+    save_settings,
+    weed_mini_ports,
+)
+
+from webapp.env_file import read_env_file, write_env_file  # noqa: E402
+
 BIN = Path(sys.executable).parent  # the virtualenv that runs this script
 VAR = Path(os.environ.get("LIFEBOAT_VAR_DIR") or ROOT / "var").resolve()
 CREDENTIALS = VAR / "credentials.txt"
@@ -222,6 +236,9 @@ def child_environment() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("DEBUG", "1")
     env["LIFEBOAT_VAR_DIR"] = str(VAR)  # absolute, so every child agrees on it
+    # The children get every setting from here: a settings file of an earlier start (with,
+    # say, a DATABASE_URL since unset) must not fill their gaps.
+    env["LIFEBOAT_ENV_FILE"] = "off"
     env["PYTHONUNBUFFERED"] = "1"  # lines reach the terminal when they are written
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     return env
@@ -269,14 +286,16 @@ def start_s3(env: dict[str, str]):
     if env.get("S3_ENDPOINT_URL"):
         say("lifeboat", f"using the S3 endpoint {env['S3_ENDPOINT_URL']}")
         return lambda: True
-    ensure_port_free("127.0.0.1", 8333, "S3")
+    s3_port, port_flags, ports = weed_mini_ports(env)
+    for port in ports:
+        ensure_port_free("127.0.0.1", port, "S3; LIFEBOAT_S3_PORT, LIFEBOAT_S3_INTERNAL_PORT")
     bucket = env.setdefault("S3_BUCKET", "lifeboat")
     env.setdefault("S3_ACCESS_KEY_ID", "lifeboat")
     env.setdefault("S3_SECRET_ACCESS_KEY", "lifeboat-secret")
-    env["S3_ENDPOINT_URL"] = "http://127.0.0.1:8333"
+    env["S3_ENDPOINT_URL"] = f"http://127.0.0.1:{s3_port}"
     # Storage targets a user adds may name this local store; nothing else on loopback
     # or the local network is allowed (webapp/domain/outbound.py).
-    env.setdefault("LIFEBOAT_OUTBOUND_ALLOW", "127.0.0.1:8333")
+    env.setdefault("LIFEBOAT_OUTBOUND_ALLOW", f"127.0.0.1:{s3_port}")
     (VAR / "s3").mkdir(parents=True, exist_ok=True)
     # Without AWS_* keys `weed mini` accepts any key; with them it would create a user
     # from them (and keep a real AWS secret under var/s3).
@@ -284,6 +303,7 @@ def start_s3(env: dict[str, str]):
     weed = BIN / "weed"
     argv = [weed, "-logtostderr", "mini", f"-dir={VAR / 's3'}", f"-bucket={bucket}"]
     argv += ["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false", "-webdav=false"]
+    argv += port_flags
     start("s3", argv, weed_env, log=VAR / "log" / "s3.log")
 
     import boto3
@@ -310,22 +330,13 @@ def start_s3(env: dict[str, str]):
 
 
 def read_credentials(path: Path = CREDENTIALS) -> dict[str, str]:
-    if not path.exists():
-        return {}
-    lines = path.read_text().splitlines()
-    pairs = (line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
-    return {key: value for key, value in pairs}
+    return read_env_file(path)  # KEY=VALUE lines, as var/lifeboat.env
 
 
 def write_credentials(creds: dict[str, str]) -> None:
-    text = "# Lifeboat on this machine (scripts/run_stack.py). Keep this file private.\n"
-    text += "".join(f"{key}={value}\n" for key, value in creds.items())
-    tmp = CREDENTIALS.with_name(CREDENTIALS.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, CREDENTIALS)  # whole or not at all, even on a Ctrl-C
+    # Whole or not at all (a rename), even on a Ctrl-C; mode 0600.
+    header = "Lifeboat on this machine (scripts/run_stack.py). Keep this file private."
+    write_env_file(CREDENTIALS, creds, header)
 
 
 def credentials_of_this_database(env: dict[str, str], creds: dict[str, str]) -> dict[str, str]:
@@ -392,26 +403,6 @@ def prepare_database(env: dict[str, str]) -> dict[str, str]:
         CREATE_DEMO_PROFILE,
     )
     return creds
-
-
-def binds_loopback_only(bind: str) -> bool:
-    """True when HOST:PORT listens on a loopback address only (not 0.0.0.0, not a LAN
-    address): then only this machine can reach the web server."""
-    host = bind.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def local_address(bind: str) -> tuple[str, int]:
-    """Where this machine reaches gunicorn's bind address (HOST:PORT)."""
-    host, _, port = bind.rpartition(":")
-    if host in ("", "0.0.0.0", "[::]"):  # noqa: S104 (we connect to it, not bind)
-        host = "127.0.0.1"
-    return host, int(port)
 
 
 def web_answers(url: str) -> bool:
@@ -510,6 +501,9 @@ def run_stack() -> None:
     # Redis and S3 take a few seconds to come up: migrate meanwhile.
     redis_ready = start_redis(env)
     s3_ready = start_s3(env)
+    env.setdefault("LIFEBOAT_SPOOL_DIR", str(VAR / "spool"))
+    keep_secret_key(VAR, env)
+    say("lifeboat", f"settings for commands run in this checkout: {save_settings(VAR, env)}")
     creds = prepare_database(env)
     wait_until("Redis", redis_ready, 20)
     wait_until("S3", s3_ready, 60)
@@ -517,7 +511,6 @@ def run_stack() -> None:
     # demo token, and keep their spool under var/.
     env.setdefault("LIFEBOAT_URL", url)
     env.setdefault("LIFEBOAT_TOKEN", creds.get("token", ""))
-    env.setdefault("LIFEBOAT_SPOOL_DIR", str(VAR / "spool"))
     start_app(env, bind)
     wait_until("the web server", lambda: web_answers(url), 60)
     print_banner(url, creds)

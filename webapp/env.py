@@ -4,6 +4,10 @@ Each reader fails loudly (ImproperlyConfigured) on a value it cannot parse, so a
 in a deployment stops the process at start instead of running with a silent default.
 A variable NAME may also be given as NAME_FILE, the path of a file holding the value
 (Docker and Kubernetes secrets).
+
+A variable the environment does not set may come from the settings file `make run` writes
+(var/lifeboat.env, see webapp/env_file.py), once webapp/settings.py has named it with
+use_env_file(): a real environment variable always wins over the file.
 """
 
 from __future__ import annotations
@@ -13,8 +17,19 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from webapp.env_file import read_env_file
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+_FROM_FILE: dict[str, str] = {}
+
+
+def use_env_file(path: Path) -> bool:
+    """Take the variables the environment lacks from PATH (KEY=VALUE lines) from now on.
+    Returns whether the file was there; a missing file is no error (make run never ran)."""
+    _FROM_FILE.clear()
+    _FROM_FILE.update(read_env_file(path))
+    return path.exists()
 
 
 def _raw(name: str) -> str | None:
@@ -24,7 +39,9 @@ def _raw(name: str) -> str | None:
             return Path(file_path).read_text().strip()
         except OSError as exc:
             raise ImproperlyConfigured(f"{name}_FILE={file_path!r} cannot be read: {exc}") from exc
-    return os.environ.get(name)
+    if name in os.environ:
+        return os.environ[name]
+    return _FROM_FILE.get(name)
 
 
 def env_str(name: str, default: str | None = None, *, required: bool = False) -> str | None:

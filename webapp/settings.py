@@ -1,27 +1,39 @@
 """Django settings, all read from the environment (see docs/deployment.md).
 
-With nothing set, Lifeboat runs for development: DEBUG on, SQLite and data under
-var/ in the checkout. With DEBUG off, SECRET_KEY is required.
+With nothing set: SQLite and data under var/ in the checkout, DEBUG off, and SECRET_KEY
+required. A variable the environment does not set is taken from var/lifeboat.env
+(LIFEBOAT_ENV_FILE names another file, `off` none) when there is one: `make run` writes the
+settings it chose there, so every command run in the checkout afterwards finds its stack.
 """
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from webapp.env import env_bool, env_int, env_list, env_str
+from webapp.env import env_bool, env_int, env_list, env_str, use_env_file
+from webapp.env_file import NAME as ENV_FILE_NAME
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("LIFEBOAT_VAR_DIR", str(BASE_DIR / "var")))
+_env_file = env_str("LIFEBOAT_ENV_FILE", str(VAR_DIR / ENV_FILE_NAME))
+ENV_FILE = None if _env_file == "off" else Path(_env_file)
+if ENV_FILE is not None and not use_env_file(ENV_FILE) and "LIFEBOAT_ENV_FILE" in os.environ:
+    raise ImproperlyConfigured(f"LIFEBOAT_ENV_FILE={_env_file!r}: no such file")
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY:
     if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+        raise ImproperlyConfigured(
+            f"SECRET_KEY must be set when DEBUG is off, and {ENV_FILE or 'no settings file'} "
+            "does not set it: run `make run` once in this checkout (it writes its settings "
+            "there), or set SECRET_KEY (or DEBUG=1 for development)"
+        )
     SECRET_KEY = "insecure-development-key-only-used-with-DEBUG-on"  # noqa: S105
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])

@@ -19,6 +19,9 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 os.environ.setdefault("DEBUG", "1")
+# A `make run` stack's var/lifeboat.env in this checkout must not reach the tests (nor the
+# worker processes they start, which inherit this environment).
+os.environ.setdefault("LIFEBOAT_ENV_FILE", "off")
 
 
 def _reachable(url: str) -> bool:
