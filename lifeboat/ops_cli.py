@@ -179,7 +179,7 @@ def _check(args, kind: str) -> int:
     if args.json:
         _print_json(check)
     else:
-        took = fmt.duration((check.get("timings") or {}).get("total_s"))
+        took = fmt.took(check.get("started_at"), check.get("finished_at"))
         print(
             f"check {check['id']} ({check.get('kind')}) of checkpoint {args.id}: "
             f"{fmt.clean(check.get('status'))} in {took}: {fmt.clean(check.get('message'))}"

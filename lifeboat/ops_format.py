@@ -41,10 +41,12 @@ def parse_time(value: str | None) -> datetime | None:
 
 
 def duration(seconds: float | None) -> str:
-    """12 -> '12s', 80 -> '1m 20s', 7300 -> '2h 1m', 200000 -> '2d 7h'."""
+    """0.42 -> '0.4s', 12 -> '12s', 80 -> '1m 20s', 7300 -> '2h 1m', 200000 -> '2d 7h'."""
     if seconds is None:
         return "-"
-    seconds = max(0, int(round(seconds)))
+    if seconds < 9.95:
+        return f"{max(seconds, 0):.1f}s"
+    seconds = int(round(seconds))
     if seconds < 60:
         return f"{seconds}s"
     minutes, seconds = divmod(seconds, 60)
@@ -55,6 +57,14 @@ def duration(seconds: float | None) -> str:
         return f"{hours}h {minutes}m" if minutes else f"{hours}h"
     days, hours = divmod(hours, 24)
     return f"{days}d {hours}h" if hours else f"{days}d"
+
+
+def took(start: str | None, end: str | None) -> str:
+    """How long from one API time to another ('-' when either is unknown)."""
+    began, ended = parse_time(start), parse_time(end)
+    if began is None or ended is None:
+        return "-"
+    return duration((ended - began).total_seconds())
 
 
 def ago(value: str | None, now: datetime | None = None) -> str:
