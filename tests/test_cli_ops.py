@@ -239,8 +239,8 @@ def test_validate_wait_follows_a_real_worker_to_its_verdict(
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
         )  # fmt: skip
         try:
-            stop_while_hashing(celery_worker, big.resolve())
             try:
+                stop_while_hashing(celery_worker, big.resolve())
                 line = wait_for(
                     lambda: (
                         "running: 0 B / 128.0 MiB (0%)" in (tmp_path / "stderr").read_text()
@@ -249,7 +249,7 @@ def test_validate_wait_follows_a_real_worker_to_its_verdict(
                     30,
                 )
             finally:
-                os.kill(celery_worker.pid, signal.SIGCONT)
+                os.kill(celery_worker.pid, signal.SIGCONT)  # harmless if it was not stopped
             out, _ = command.communicate(timeout=60)
         finally:
             if command.poll() is None:
