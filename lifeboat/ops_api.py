@@ -81,9 +81,7 @@ class OpsClient:
         )
 
     def checkpoint(self, checkpoint_id: int) -> dict:
-        return self._call(
-            f"cannot show checkpoint {checkpoint_id}", "GET", f"/checkpoints/{checkpoint_id}"
-        )
+        return self._call(f"checkpoint {checkpoint_id}", "GET", f"/checkpoints/{checkpoint_id}")
 
     def latest(self, run: str) -> dict:
         return self._call(

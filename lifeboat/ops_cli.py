@@ -169,8 +169,7 @@ def _check(args, kind: str) -> int:
         if args.json:
             _print_json(answer)
         else:
-            which = f"check {answer['validation']}" if answer.get("validation") else "a check"
-            print(f"checkpoint {args.id}: {which} {fmt.clean(answer.get('message') or 'queued')}")
+            print(f"checkpoint {args.id}: {_queued(answer, kind)}")
         return OK
     check, detail = follow(
         client, args.id, answer, kind, ended,
@@ -188,6 +187,19 @@ def _check(args, kind: str) -> int:
             f"checkpoint {args.id} (step {detail.get('step')}) is {fmt.clean(detail.get('status'))}"
         )
     return OK if check.get("status") == "passed" else NOT_VERIFIED
+
+
+def _queued(answer: dict, kind: str) -> str:
+    """What the action's answer says was queued, in words. An answer without the check's
+    id (validate, before the API named it) carries the checkpoint's status, not the
+    check's: only "queued" is said of it then."""
+    what = "restore test" if kind == "restore" else "check"
+    if not answer.get("validation"):
+        return f"a {what} is queued"
+    name, status = f"{what} {answer['validation']}", fmt.clean(answer.get("status"))
+    if answer.get("coalesced"):
+        return f"{name} is already {status}; not queued again"
+    return f"{name} {status}"
 
 
 def _resume(args) -> int:

@@ -277,6 +277,13 @@ def test_validate_wait_follows_a_real_worker_to_its_verdict(
     assert Checkpoint.objects.get(pk=checkpoint.pk).status == "corrupt"
     assert time.monotonic() - started < 60
 
+    # Without --wait: what was queued, and at once.
+    done = lifeboat(env, "validate", str(checkpoint.pk))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"checkpoint {checkpoint.pk}: ") and "queued" in done.stdout
+    done = lifeboat(env, "validate", str(checkpoint.pk), "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["checkpoint"] == checkpoint.pk
+
 
 def test_restore_test_queues_names_its_check_and_times_out_waiting(stored, token, queues, tmp_path):
     server, checkpoint, _, _ = stored
@@ -289,7 +296,7 @@ def test_restore_test_queues_names_its_check_and_times_out_waiting(stored, token
 
     done = lifeboat(env, "restore-test", str(checkpoint.pk))  # the same test, not a second
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"checkpoint {checkpoint.pk}: check {check} ")
+    assert done.stdout.startswith(f"checkpoint {checkpoint.pk}: restore test {check} ")
 
     # No restore worker listens: --wait gives up after --timeout, with its own status.
     done = lifeboat(
