@@ -5,6 +5,7 @@ rely on (EXIT_CODES, shown by `lifeboat --help` and docs/cli.md)."""
 from __future__ import annotations
 
 from lifeboat.config import Config
+from lifeboat.ops_format import clean
 from lifeboat.transport import ServerError, Unreachable, api_url, quote_key, request
 
 OK = 0
@@ -56,11 +57,12 @@ class OpsClient:
             return request(method, url, self.config.token, body, timeout=self.config.timeout_s)
         except ServerError as exc:
             raise CommandFailed(
-                f"{what}: {exc.said} (HTTP {exc.status})", _exit_code_for(exc.status)
+                f"{what}: {clean(exc.said)} (HTTP {exc.status})", _exit_code_for(exc.status)
             ) from None
         except Unreachable as exc:
             raise CommandFailed(
-                f"{what}: the server at {self.config.url} is unreachable: {exc}", UNREACHABLE
+                f"{what}: the server at {self.config.url} is unreachable: {clean(exc)}",
+                UNREACHABLE,
             ) from None
 
     def runs(self, status: str | None, limit: int, offset: int) -> dict:

@@ -149,7 +149,7 @@ def _latest(args) -> int:
         else:
             path = usable_copy(checkpoint, run, restore_root(config, args.dest), not args.quiet)
     except LatestError as exc:
-        raise CommandFailed(str(exc)) from None
+        raise CommandFailed(fmt.clean(exc)) from None
     if args.json:
         _print_json({**checkpoint, "path": str(path)})
     else:

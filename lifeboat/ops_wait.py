@@ -12,6 +12,7 @@ import sys
 import time
 
 from lifeboat.ops_api import STILL_RUNNING, CommandFailed, OpsClient
+from lifeboat.ops_format import clean
 from lifeboat.progress import Progress
 
 WAITING = ("queued", "running")
@@ -46,16 +47,16 @@ class CheckProgress:
         if not self.enabled:
             return
         self.drawn = True
-        name = f"check {check['id']} ({check.get('kind')})" if check else "check"
+        name = f"check {check['id']} ({clean(check.get('kind'))})" if check else "check"
         head = f"{name} of checkpoint {self.checkpoint_id}"
         progress = (check or {}).get("progress") or {}
         if check is None or check.get("status") == "queued" or not progress.get("bytes_total"):
-            status = check.get("status", "queued") if check else "queued"
+            status = clean(check.get("status", "queued")) if check else "queued"
             waiting = ", waiting for a worker" if status == "queued" else ""
             self.stream.write(f"\r{head}: {status}{waiting}   ")
             self.stream.flush()
             return
-        self.bar.label = f"{head}: {check['status']}"
+        self.bar.label = f"{head}: {clean(check['status'])}"
         self.bar.update(
             int(progress.get("bytes_done") or 0),
             int(progress["bytes_total"]),
@@ -95,7 +96,7 @@ def follow(
             line.show(check)
             if deadline is not None and time.monotonic() >= deadline:
                 where = (
-                    f"check {check['id']} is still {check['status']}"
+                    f"check {check['id']} is still {clean(check['status'])}"
                     if check
                     else ("the check has not started")
                 )
