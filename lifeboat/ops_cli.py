@@ -173,7 +173,7 @@ def _check(args, kind: str) -> int:
         return OK
     check, detail = follow(
         client, args.id, answer, kind, ended,
-        timeout=args.timeout, interval=args.interval, progress=not args.quiet,
+        timeout=args.timeout, interval=max(args.interval, 0.1), progress=not args.quiet,
     )  # fmt: skip
     if args.json:
         _print_json(check)
@@ -275,7 +275,10 @@ def add_commands(commands) -> dict:
         check.add_argument("--wait", action="store_true", help="follow the check to its verdict")
         check.add_argument("--timeout", type=float, help="with --wait: give up after S seconds")
         check.add_argument(
-            "--interval", type=float, default=0.5, help="with --wait: seconds between looks"
+            "--interval",
+            type=float,
+            default=0.5,
+            help="with --wait: seconds between looks (0.5; at least 0.1)",
         )
         check.add_argument("--quiet", action="store_true", help="no progress line")
         output(check)
