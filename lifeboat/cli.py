@@ -1,5 +1,7 @@
 """The `lifeboat` command: watch a directory, fetch the latest checkpoint, deliver the
-spool. Settings come from flags or LIFEBOAT_URL / LIFEBOAT_TOKEN / LIFEBOAT_RUN."""
+spool, and the operator's commands over the API (runs, checkpoints, show, validate,
+restore-test, resume: lifeboat/ops_cli.py). Settings come from flags or LIFEBOAT_URL /
+LIFEBOAT_TOKEN / LIFEBOAT_RUN."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import sys
 import threading
 
 from lifeboat.config import Config, ConfigError
+from lifeboat.ops_api import EXIT_CODES, USAGE, CommandFailed
+from lifeboat.ops_cli import add_commands, connection_options
 
 PROGRESS_FROM = 64 * 1024 * 1024  # a checkpoint this big gets a progress line when hashed
 FLUSH_HELP = """Deliver the spool now, e.g. after a crash.
@@ -23,12 +27,6 @@ hashed. A report another live process is working on is left to it; two flushes a
 complete each report once. A record that cannot be read is moved to rejected/. Then it
 sends every spooled event. Exit status 0 when all is delivered, 4 when something is
 left (the server is unreachable, or a report could not be completed)."""
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", help="the server (default: $LIFEBOAT_URL)")
-    parser.add_argument("--token", help="an API token (default: $LIFEBOAT_TOKEN)")
-    parser.add_argument("--spool-dir", help="the spool (default: $LIFEBOAT_SPOOL_DIR)")
 
 
 def _watch(args) -> int:
@@ -57,24 +55,6 @@ def _watch(args) -> int:
     finally:
         # Reports still being hashed are finished and delivered before we go.
         run.finish()
-    return 0
-
-
-def _latest(args) -> int:
-    from lifeboat.restore import LatestError, latest, latest_info
-
-    try:
-        if args.info:
-            config = Config.resolve(url=args.url, token=args.token)
-            print(json.dumps(latest_info(args.run, config), indent=2))
-            return 0
-        path = latest(
-            args.run, url=args.url, token=args.token, dest=args.dest, progress=not args.quiet
-        )
-    except LatestError as exc:
-        print(f"lifeboat: {exc}", file=sys.stderr)
-        return 3
-    print(path)
     return 0
 
 
@@ -162,7 +142,12 @@ def _spool(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lifeboat", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="lifeboat",
+        description=__doc__,
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     watch = commands.add_parser("watch", help="report the checkpoints a job writes in DIR")
@@ -174,16 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     watch.add_argument("--step-regex", help="a regex whose first group is the step")
     watch.add_argument("--once", action="store_true", help="look once, report, exit")
-    _common(watch)
-
-    latest = commands.add_parser(
-        "latest", help="print the local path of the newest verified checkpoint"
-    )
-    latest.add_argument("run", nargs="?", help="the run key (default: $LIFEBOAT_RUN)")
-    latest.add_argument("--dest", help="where to restore it if the local copy is unusable")
-    latest.add_argument("--info", action="store_true", help="print the server's answer only")
-    latest.add_argument("--quiet", action="store_true", help="no progress bar")
-    _common(latest)
+    connection_options(watch)
 
     flush = commands.add_parser(
         "flush",
@@ -194,19 +170,25 @@ def main(argv: list[str] | None = None) -> int:
     flush.add_argument(
         "--timeout", type=float, default=60.0, help="seconds to keep delivering (default 60)"
     )
-    _common(flush)
+    connection_options(flush)
 
     spool = commands.add_parser("spool", help="what is waiting in the spool")
-    _common(spool)
+    connection_options(spool)
 
+    handlers = {"watch": _watch, "flush": _flush, "spool": _spool, **add_commands(commands)}
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    handlers = {"watch": _watch, "latest": _latest, "flush": _flush, "spool": _spool}
     try:
         return handlers[args.command](args)
     except ConfigError as exc:
         print(f"lifeboat: {exc}", file=sys.stderr)
-        return 2
+        return USAGE
+    except CommandFailed as exc:
+        print(f"lifeboat: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("\nlifeboat: interrupted (a check or resume asked for goes on)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """A progress line for long operations of the client (a restore, hashing a big
-checkpoint): bytes, rate and ETA on one line of stderr."""
+checkpoint, a check running on the server): bytes, rate and ETA on one line of stderr."""
 
 from __future__ import annotations
 
@@ -16,9 +16,29 @@ class Progress:
         self.enabled = enabled
         self.started = time.monotonic()
         self._shown = 0.0
+        self._rate: float | None = None
+        self._eta: float | None = None
 
     def add(self, count: int) -> None:
         self.done += count
+        self._draw()
+
+    def update(
+        self,
+        done: int,
+        total: int | None = None,
+        rate: float | None = None,
+        eta_s: float | None = None,
+    ) -> None:
+        """Show work measured elsewhere (a check on the server): its bytes done, total,
+        and the rate and ETA it measured, rather than ones timed here."""
+        self.done = done
+        if total is not None:
+            self.total = total
+        self._rate, self._eta = rate, eta_s
+        self._draw()
+
+    def _draw(self) -> None:
         now = time.monotonic()
         if self.enabled and (now - self._shown >= 0.5 or self.done >= self.total):
             self._shown = now
@@ -27,12 +47,14 @@ class Progress:
 
     def line(self, now: float | None = None) -> str:
         elapsed = max((now or time.monotonic()) - self.started, 1e-9)
-        rate = self.done / elapsed
-        eta = (self.total - self.done) / rate if rate > 0 else 0
+        rate = self._rate if self._rate is not None else self.done / elapsed
+        eta = self._eta
+        if eta is None:
+            eta = (self.total - self.done) / rate if rate > 0 else 0
         percent = 100 * self.done / self.total if self.total else 100
         return (
-            f"{self.label}: {_size(self.done)} / {_size(self.total)} ({percent:.0f}%) "
-            f"{_size(rate)}/s, ETA {eta:.0f} s   "
+            f"{self.label}: {human_size(self.done)} / {human_size(self.total)} "
+            f"({percent:.0f}%) {human_size(rate)}/s, ETA {eta:.0f} s   "
         )
 
     def close(self) -> None:
@@ -41,7 +63,8 @@ class Progress:
             self.stream.flush()
 
 
-def _size(count: float) -> str:
+def human_size(count: float) -> str:
+    """1536 -> '1.5 KiB'; bytes as a person reads them."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if count < 1024 or unit == "GiB":
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"

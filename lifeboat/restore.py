@@ -130,18 +130,41 @@ def latest(
     run = run or os.environ.get("LIFEBOAT_RUN")
     if not run:
         raise LatestError("which run? pass run= or set LIFEBOAT_RUN")
-    checkpoint = latest_info(run, config)
+    return usable_copy(latest_info(run, config), run, restore_root(config, dest), progress)
+
+
+def restore_root(config: Config, dest: str | os.PathLike | None = None) -> Path:
+    """Where restored checkpoints go: `dest`, else LIFEBOAT_RESTORE_DIR, else a folder
+    beside the spool."""
+    return Path(
+        dest or os.environ.get("LIFEBOAT_RESTORE_DIR") or config.spool_root.parent / "restored"
+    )
+
+
+def usable_copy(checkpoint: dict, run: str, root: Path, progress: bool = True) -> Path:
+    """The job's own copy of `checkpoint` (the server's answer) if every file is there
+    and matches its sha256, else restored_copy() under `root`."""
     ok, why = _local_copy_ok(checkpoint)
     if ok:
         return Path(checkpoint["location"])
-    root = Path(
-        dest or os.environ.get("LIFEBOAT_RESTORE_DIR") or config.spool_root.parent / "restored"
-    )
-    destination = root / run.replace("/", "_") / f"checkpoint-{checkpoint['id']}"
+    return restored_copy(checkpoint, run, root, progress, why=why)
+
+
+def restored_copy(
+    checkpoint: dict, run: str, root: str | os.PathLike, progress: bool = True, why: str = ""
+) -> Path:
+    """A verified copy of `checkpoint` in root/<run>/checkpoint-<id>/: the one there if
+    it is still whole, else downloaded from a verified replica (LatestError if none can
+    be). Only that folder is ever replaced, never `root` itself."""
+    folder = run.replace("/", "_")
+    if folder in (".", ".."):
+        folder = folder.replace(".", "_")  # a run key is a name here, never a way up
+    destination = Path(root) / folder / f"checkpoint-{int(checkpoint['id'])}"
     restored = _restored_path(checkpoint, destination)
     if _local_copy_ok({**checkpoint, "location": str(restored)})[0]:
         return restored  # restored before, and still whole
     if progress:
+        because = f"{why}; " if why else ""
         step = checkpoint.get("step")
-        sys.stderr.write(f"lifeboat: {why}; restoring step {step} from a replica\n")
+        sys.stderr.write(f"lifeboat: {because}restoring step {step} from a replica\n")
     return fetch_replica(checkpoint, destination, show_progress=progress)

@@ -14,16 +14,36 @@ USER_AGENT = f"lifeboat-client/{__version__}"
 
 
 class ServerError(Exception):
-    """The server answered, but not with success: `status` and its JSON `answer`."""
+    """The server answered, but not with success: `status` and its JSON `answer`;
+    `reason` is the status line's phrase, and `is_json` says whether the body was JSON
+    (a proxy in front of the server may answer with a page of HTML instead)."""
 
-    def __init__(self, status: int, answer: dict):
+    def __init__(self, status: int, answer: dict, reason: str = "", is_json: bool = True):
         super().__init__(f"HTTP {status}: {answer.get('error', answer)}")
         self.status = status
         self.answer = answer
+        self.reason = reason
+        self.is_json = is_json
+
+    @property
+    def said(self) -> str:
+        """What went wrong in a person's words: the JSON error when the server sent one,
+        else the status line."""
+        error = self.answer.get("error") if self.is_json else None
+        if isinstance(error, str) and error:
+            return error
+        return f"HTTP {self.status} {self.reason}".strip()
 
 
 class Unreachable(Exception):
     """No answer at all: connection refused, timeout, DNS, TLS."""
+
+
+def _is_json(raw: bytes) -> bool:
+    try:
+        return isinstance(json.loads(raw or b"{}"), dict)
+    except ValueError:
+        return False
 
 
 def _answer(raw: bytes) -> dict:
@@ -51,7 +71,8 @@ def request(
         with urllib.request.urlopen(req, timeout=timeout) as response:  # noqa: S310
             return _answer(response.read())
     except urllib.error.HTTPError as exc:
-        raise ServerError(exc.code, _answer(exc.read())) from None
+        raw = exc.read()
+        raise ServerError(exc.code, _answer(raw), str(exc.reason or ""), _is_json(raw)) from None
     except (urllib.error.URLError, OSError) as exc:
         raise Unreachable(str(getattr(exc, "reason", exc))) from None
 
