@@ -238,4 +238,7 @@ def test_the_dry_run_is_bounded_and_paged(project, root, api, read_token):
     assert (body["local_total"], body["local_deleting"], body["next_offset"]) == (25, 24, None)
     first = api.get(read_token, "/retention", limit=10).json()
     assert len(first["local"]) == 10 and first["next_offset"] == 10
-    assert len(api.get(read_token, "/retention", limit=10**9).json()["local"]) == 25
+    # Out of range is refused by name, like every other limit of the API, never clamped.
+    refused = api.get(read_token, "/retention", limit=10**9)
+    assert refused.status_code == 400 and refused.json()["error"].startswith("limit:")
+    assert len(api.get(read_token, "/retention", limit=1000).json()["local"]) == 25
