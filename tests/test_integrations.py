@@ -1,0 +1,211 @@
+"""docs/integrations/: every page's code is its example's code, and every example runs
+for real against a live Lifeboat (gunicorn + a Celery validate worker): the checkpoints
+it reports become verified. The Slurm job is requeued twice on the real single-node
+Slurm (as a preemption does, and by its own USR1 trap as at a time limit) and each time
+resumes from the newest verified step. DeepSpeed's example is checked against its page
+but not run (docs/integrations/deepspeed.md says why)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, start_worker, stop_worker, wait_for
+
+PAGES = {
+    "torch.md": ["examples/torch_loop.py"],
+    "ddp.md": ["examples/ddp_torchrun.py"],
+    "fsdp.md": ["examples/fsdp_dcp.py"],
+    "lightning.md": ["examples/lightning_fit.py"],
+    "hf-trainer.md": ["examples/hf_trainer.py"],
+    "deepspeed.md": ["examples/deepspeed_zero.py"],
+    "slurm.md": ["examples/slurm_job.sbatch", "examples/torch_loop.py"],
+}
+FENCE = re.compile(r"^```(python|bash)\n(.*?)^```$", re.S | re.M)
+
+
+def code_blocks(page: str) -> list[str]:
+    return [m.group(2) for m in FENCE.finditer((ROOT / "docs/integrations" / page).read_text())]
+
+
+def is_excerpt(block: str, text: str) -> bool:
+    """`block` is a run of whole consecutive lines of `text` (indentation aside)."""
+    wanted = textwrap.dedent(block).strip("\n").splitlines()
+    lines = text.splitlines()
+    return any(
+        textwrap.dedent("\n".join(lines[i : i + len(wanted)])).splitlines() == wanted
+        for i in range(len(lines) - len(wanted) + 1)
+    )
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_the_page_shows_its_example_whole_and_only_its_lines(page):
+    examples = {name: (ROOT / name).read_text() for name in PAGES[page]}
+    blocks = code_blocks(page)
+    for name, text in examples.items():
+        assert text in blocks, f"docs/integrations/{page} must show {name} whole, as it is"
+    for block in blocks:
+        assert any(is_excerpt(block, text) for text in examples.values()), (
+            f"a block of docs/integrations/{page} is not lines of {', '.join(examples)}:\n"
+            f"{block}"
+        )
+
+
+def test_every_page_is_listed_and_every_listed_page_exists():
+    pages = {p.name for p in (ROOT / "docs/integrations").glob("*.md")} - {"README.md"}
+    assert pages == set(PAGES)
+    index = (ROOT / "docs/integrations/README.md").read_text()
+    for page in PAGES:
+        assert f"({page})" in index
+
+
+# -- the examples, run against a live Lifeboat -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lifeboat_stack(worker_env, tmp_path_factory):
+    """One web server and one validate worker for the whole module (each example is a
+    job of its own; starting them per test would double the module's time)."""
+    from tests.client_support import RestartableServer
+
+    web = RestartableServer(worker_env)
+    web.start()
+    worker = start_worker(worker_env, "validate", tmp_path_factory.mktemp("worker") / "log")
+    yield web
+    stop_worker(worker)
+    web.stop()
+
+
+@pytest.fixture
+def job_env(lifeboat_stack, token, project, tmp_path) -> dict:
+    """The environment of a training job: where Lifeboat is, its token, its own spool;
+    its checkpoints go under tmp_path/ckpt, an allowed root of the project."""
+    project.allowed_roots = [str(tmp_path / "ckpt")]
+    project.save()
+    return {
+        **os.environ,
+        "LIFEBOAT_URL": lifeboat_stack.url,
+        "LIFEBOAT_TOKEN": token,
+        "LIFEBOAT_SPOOL_DIR": str(tmp_path / "spool"),
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def run_example(args: list[str], env: dict, tmp_path, timeout: float = 120) -> str:
+    done = subprocess.run(
+        args + ["--checkpoint-dir", str(tmp_path / "ckpt")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def torchrun(script: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", "2", script]  # fmt: skip
+
+
+def verified_steps(run_key: str, count: int, timeout: float = 60) -> dict[int, object]:
+    """Wait until the run has `count` checkpoints and all are verified; {step: row}."""
+    from webapp.domain.models import Checkpoint
+
+    def settled():
+        rows = list(Checkpoint.objects.filter(run__key=run_key))
+        done = len(rows) == count and all(c.status == "verified" for c in rows)
+        return done and rows
+
+    try:
+        rows = wait_for(settled, timeout, interval=0.2)
+    except AssertionError:
+        found = Checkpoint.objects.filter(run__key=run_key).values_list("step", "status")
+        raise AssertionError(f"{run_key}: wanted {count} verified, found {list(found)}") from None
+    return {c.step: c for c in rows}
+
+
+def resumed_from(run_key: str):
+    from webapp.domain.models import Event
+
+    started = Event.objects.filter(run__key=run_key, type="run.started").order_by("time")
+    return [e.data.get("resumed_from") for e in started]
+
+
+pytestmark_live = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_the_plain_torch_loop_reports_verified_checkpoints_and_resumes(job_env, tmp_path):
+    from webapp.domain.models import Run
+
+    script = [sys.executable, "examples/torch_loop.py", "--run-name", "torch-demo"]
+    out = run_example(script + ["--steps", "40"], job_env, tmp_path)
+    assert "starting afresh" in out
+    first = verified_steps("torch-demo", 2)
+    assert sorted(first) == [20, 40]
+    assert first[40].location == str(tmp_path / "ckpt/torch-demo/step-000040.pt")
+
+    out = run_example(script + ["--steps", "60"], job_env, tmp_path)
+    assert "(step 40)" in out
+    assert sorted(verified_steps("torch-demo", 3)) == [20, 40, 60]
+    assert resumed_from("torch-demo") == [None, first[40].id]
+    assert Run.objects.get(key="torch-demo").status == "finished"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_ddp_under_torchrun_two_ranks_reports_once_per_save(job_env, tmp_path):
+    from webapp.domain.models import Run
+
+    out = run_example(torchrun("examples/ddp_torchrun.py") + ["--run-name", "ddp-demo"], job_env, tmp_path)
+    assert out.count("starting afresh") == 1  # rank 0 only
+    assert sorted(verified_steps("ddp-demo", 3)) == [10, 20, 30]
+    run = Run.objects.get(key="ddp-demo")
+    assert (run.status, run.world_size) == ("finished", 2)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_fsdp_with_dcp_reports_the_sharded_folder_and_resumes_from_it(job_env, tmp_path):
+    script = torchrun("examples/fsdp_dcp.py") + ["--run-name", "fsdp-demo"]
+    run_example(script + ["--steps", "20"], job_env, tmp_path)
+    first = verified_steps("fsdp-demo", 2)
+    files = {f.path for f in first[20].files.all()}
+    assert files == {".metadata", "__0_0.distcp", "__1_0.distcp"}  # both ranks' shards
+
+    out = run_example(script + ["--steps", "30"], job_env, tmp_path)
+    assert "(step 20)" in out
+    assert sorted(verified_steps("fsdp-demo", 3)) == [10, 20, 30]
+    assert resumed_from("fsdp-demo") == [None, first[20].id]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_lightning_fit_reports_every_checkpoint_file(job_env, tmp_path):
+    from webapp.domain.models import Run
+
+    run_example([sys.executable, "examples/lightning_fit.py", "--run-name", "lightning-demo"],
+                job_env, tmp_path)  # fmt: skip
+    steps = verified_steps("lightning-demo", 3)
+    assert sorted(steps) == [4, 8, 12]
+    assert steps[12].location.endswith("epoch=2-step=12.ckpt")
+    assert Run.objects.get(key="lightning-demo").status == "finished"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_the_hf_trainer_reports_every_checkpoint_folder(job_env, tmp_path):
+    from webapp.domain.models import Run
+
+    run_example([sys.executable, "examples/hf_trainer.py", "--run-name", "hf-demo", "--steps", "8"],
+                job_env, tmp_path)  # fmt: skip
+    steps = verified_steps("hf-demo", 2)
+    assert sorted(steps) == [4, 8]
+    assert "trainer_state.json" in {f.path for f in steps[8].files.all()}
+    assert Run.objects.get(key="hf-demo").status == "finished"
