@@ -25,6 +25,7 @@ DS_CONFIG = {
     "train_micro_batch_size_per_gpu": 64,
     "gradient_accumulation_steps": 1,
     "zero_optimization": {"stage": 1},
+    "zero_allow_untested_optimizer": True,  # a plain torch optimizer, for the example
 }
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, start_worker, stop_worker, wait_for
+from tests.test_slurm import slurm_cluster  # noqa: F401 (the session fixture)
 
 PAGES = {
     "torch.md": ["examples/torch_loop.py"],
@@ -136,7 +137,6 @@ def resumed_from(run_key: str):
     return [e.data.get("resumed_from") for e in started]
 
 
-pytestmark_live = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -209,3 +209,78 @@ def test_the_hf_trainer_reports_every_checkpoint_folder(job_env, tmp_path):
     assert sorted(steps) == [4, 8]
     assert "trainer_state.json" in {f.path for f in steps[8].files.all()}
     assert Run.objects.get(key="hf-demo").status == "finished"
+
+
+# -- Slurm: a requeued job resumes from the newest verified checkpoint -------------------
+
+
+def squeue_state(job: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                          text=True, timeout=30).stdout.strip()  # fmt: skip
+
+
+def release_when_requeued(job: str) -> None:
+    """Slurm holds a requeued job back (BeginTime, about two minutes): let it start now."""
+    wait_for(lambda: squeue_state(job) == "PENDING", 30, interval=0.2)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True,
+                   timeout=30)  # fmt: skip
+
+
+def starts(log: Path, job: str) -> list[str]:
+    """The job's output, one piece per start (the log is appended to on each start)."""
+    return log.read_text().split(f"job {job}: start ")[1:]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_a_requeued_slurm_job_resumes_from_the_newest_verified_checkpoint(
+    slurm_cluster, job_env, tmp_path
+):
+    from webapp.domain.launch import slurm
+    from webapp.domain.models import Checkpoint, Run
+
+    log = tmp_path / "job.log"
+    job = subprocess.run(
+        ["sbatch", "--parsable", f"--output={log}", f"--chdir={ROOT}",
+         "examples/slurm_job.sbatch", "--checkpoint-dir", str(tmp_path / "ckpt"),
+         "--sleep", "0.03"],
+        env=job_env, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.strip().split(";")[0]  # fmt: skip
+    key = f"torch-loop-{job}"
+    try:
+
+        def verified_max(more_than: int = 0) -> int:
+            steps = Checkpoint.objects.filter(run__key=key, status="verified")
+            top = max(steps.values_list("step", flat=True), default=0)
+            return top if top > more_than else 0
+
+        # Preempted (what `scontrol requeue` and PreemptMode=REQUEUE do: SIGTERM, requeue).
+        before_first = wait_for(lambda: verified_max(20), 60, interval=0.2)
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        release_when_requeued(job)
+        wait_for(lambda: len(starts(log, job)) == 2 and "resumed from" in starts(log, job)[1],
+                 60, interval=0.2)  # fmt: skip
+        # Near the time limit: Slurm's USR1 (--signal=B:USR1@120) to the batch script,
+        # whose trap requeues the job.
+        before_second = wait_for(lambda: verified_max(before_first + 20), 60, interval=0.2)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
+        release_when_requeued(job)
+        final = slurm.wait(job, timeout=90, interval=0.5)
+    finally:
+        slurm.cancel(job)
+    output = log.read_text()
+    assert (final.state, final.exit_code) == ("COMPLETED", 0), output
+    pieces = starts(log, job)
+    assert len(pieces) == 3, output
+    assert "starting afresh" in pieces[0]
+    assert "time limit near, requeueing" in pieces[1]
+    resumed = [int(re.search(r"resumed from \S+ \(step (\d+)\)", p).group(1)) for p in pieces[1:]]
+    # Each start took the newest verified checkpoint there was when it started.
+    assert resumed[0] >= before_first and resumed[1] >= before_second, (resumed, output)
+    by_step = {c.step: c for c in Checkpoint.objects.filter(run__key=key)}
+    assert all(by_step[s].status == "verified" for s in resumed)
+    assert resumed_from(key) == [None, by_step[resumed[0]].id, by_step[resumed[1]].id]
+    assert by_step[400].location == str(tmp_path / f"ckpt/{key}/step-000400.pt")
+    verified_steps(key, len(by_step))
+    run = Run.objects.get(key=key)
+    assert run.status == "finished"
