@@ -61,9 +61,11 @@ def main() -> int:
     folder = Path(args.checkpoint_dir).resolve() / args.run_name
     # On ranks other than 0 the run is disabled: every call is a no-op.
     with lifeboat.Run(
-        args.run_name, framework=f"torch {torch.__version__} ddp", world_size=world,
+        args.run_name,
+        framework=f"torch {torch.__version__} ddp",
+        world_size=world,
         resumed_from=resumed_from,
-    ) as run:  # fmt: skip
+    ) as run:
         for step in range(start + 1, args.steps + 1):
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
@@ -73,12 +75,15 @@ def main() -> int:
             if step % args.save_every == 0:
                 if rank == 0:  # the replicas are identical: one copy is the checkpoint
                     lifeboat.torch.save(
-                        {"model": model.module.state_dict(),
-                         "optimizer": optimizer.state_dict(), "step": step},
+                        {
+                            "model": model.module.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "step": step,
+                        },
                         folder / f"step-{step:06d}.pt",
                         step=step,
                         metrics={"loss": loss.item()},
-                    )  # fmt: skip
+                    )
                     print(f"step {step}: saved", flush=True)
                 dist.barrier()
     dist.destroy_process_group()

@@ -69,9 +69,11 @@ def main() -> int:
     folder = Path(args.checkpoint_dir).resolve() / args.run_name
     # On ranks other than 0 the run is disabled: every call is a no-op.
     with lifeboat.Run(
-        args.run_name, framework=f"deepspeed {deepspeed.__version__}", world_size=world,
+        args.run_name,
+        framework=f"deepspeed {deepspeed.__version__}",
+        world_size=world,
         resumed_from=resumed_from,
-    ) as run:  # fmt: skip
+    ) as run:
         for step in range(start + 1, args.steps + 1):
             loss = torch.nn.functional.mse_loss(engine(x), y)
             engine.backward(loss)

@@ -58,17 +58,20 @@ def main() -> int:
         model_state, optimizer_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optimizer_state}
         dcp.load(state, checkpoint_id=path)  # each rank reads its own shards
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])  # fmt: skip
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
         if rank == 0:
             print(f"resumed from {path} (step {start})", flush=True)
 
     folder = Path(args.checkpoint_dir).resolve() / args.run_name
     # On ranks other than 0 the run is disabled: every call is a no-op.
     with lifeboat.Run(
-        args.run_name, framework=f"torch {torch.__version__} fsdp", world_size=world,
+        args.run_name,
+        framework=f"torch {torch.__version__} fsdp",
+        world_size=world,
         resumed_from=resumed_from,
-    ) as run:  # fmt: skip
+    ) as run:
         for step in range(start + 1, args.steps + 1):
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()

@@ -69,7 +69,11 @@ def main() -> int:
             if step % args.save_every == 0:
                 # Atomic (temporary file, fsync, rename), timed, reported and hashed.
                 lifeboat.torch.save(
-                    {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "step": step,
+                    },
                     folder / f"step-{step:06d}.pt",
                     step=step,
                     metrics={"loss": loss.item()},

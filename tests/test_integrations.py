@@ -53,9 +53,14 @@ def test_the_page_shows_its_example_whole_and_only_its_lines(page):
         assert text in blocks, f"docs/integrations/{page} must show {name} whole, as it is"
     for block in blocks:
         assert any(is_excerpt(block, text) for text in examples.values()), (
-            f"a block of docs/integrations/{page} is not lines of {', '.join(examples)}:\n"
-            f"{block}"
+            f"a block of docs/integrations/{page} is not lines of {', '.join(examples)}:\n{block}"
         )
+
+
+def test_the_index_shows_only_lines_of_the_examples():
+    examples = [(ROOT / name).read_text() for names in PAGES.values() for name in names]
+    for block in code_blocks("README.md"):
+        assert any(is_excerpt(block, text) for text in examples), block
 
 
 def test_every_page_is_listed_and_every_listed_page_exists():
@@ -125,7 +130,9 @@ def verified_steps(run_key: str, count: int, timeout: float = 60) -> dict[int, o
     try:
         rows = wait_for(settled, timeout, interval=0.2)
     except AssertionError:
-        found = Checkpoint.objects.filter(run__key=run_key).values_list("step", "status")
+        found = Checkpoint.objects.filter(run__key=run_key).values_list(
+            "step", "status", "status_message"
+        )
         raise AssertionError(f"{run_key}: wanted {count} verified, found {list(found)}") from None
     return {c.step: c for c in rows}
 
@@ -135,8 +142,6 @@ def resumed_from(run_key: str):
 
     started = Event.objects.filter(run__key=run_key, type="run.started").order_by("time")
     return [e.data.get("resumed_from") for e in started]
-
-
 
 
 @pytest.mark.django_db(transaction=True)
@@ -163,7 +168,9 @@ def test_the_plain_torch_loop_reports_verified_checkpoints_and_resumes(job_env, 
 def test_ddp_under_torchrun_two_ranks_reports_once_per_save(job_env, tmp_path):
     from webapp.domain.models import Run
 
-    out = run_example(torchrun("examples/ddp_torchrun.py") + ["--run-name", "ddp-demo"], job_env, tmp_path)
+    out = run_example(
+        torchrun("examples/ddp_torchrun.py") + ["--run-name", "ddp-demo"], job_env, tmp_path
+    )
     assert out.count("starting afresh") == 1  # rank 0 only
     assert sorted(verified_steps("ddp-demo", 3)) == [10, 20, 30]
     run = Run.objects.get(key="ddp-demo")
@@ -211,6 +218,44 @@ def test_the_hf_trainer_reports_every_checkpoint_folder(job_env, tmp_path):
     assert Run.objects.get(key="hf-demo").status == "finished"
 
 
+def deepspeed_missing() -> str:
+    """Why the DeepSpeed example cannot run here ('' when it can)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return (
+            "deepspeed is not installed here: docs/integrations/deepspeed.md says why, "
+            "and how to run this test"
+        )
+    return ""
+
+
+@pytest.mark.skipif(bool(deepspeed_missing()), reason=deepspeed_missing() or "-")
+@pytest.mark.xfail(
+    strict=True,
+    reason="the server's load check marks ZeRO optimizer states suspicious: they pickle "
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler, ...ZeroStageEnum and "
+    "...fragment_address, which the safe loader refuses; so nothing becomes verified",
+)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_deepspeed_zero_reports_every_ranks_files_and_resumes(job_env, tmp_path):
+    env = {**job_env, "DS_ACCELERATOR": "cpu"}
+    script = torchrun("examples/deepspeed_zero.py") + ["--run-name", "deepspeed-demo"]
+    # The first run on a machine compiles DeepSpeed's CPU communication op (minutes).
+    run_example(script + ["--steps", "20"], env, tmp_path, timeout=400)
+    first = verified_steps("deepspeed-demo", 2)
+    assert {f.path for f in first[20].files.all()} == {
+        "mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    }
+    out = run_example(script + ["--steps", "30"], env, tmp_path, timeout=400)
+    assert "(step 20)" in out
+    assert sorted(verified_steps("deepspeed-demo", 3)) == [10, 20, 30]
+    assert resumed_from("deepspeed-demo") == [None, first[20].id]
+
+
 # -- Slurm: a requeued job resumes from the newest verified checkpoint -------------------
 
 
@@ -231,11 +276,10 @@ def starts(log: Path, job: str) -> list[str]:
     return log.read_text().split(f"job {job}: start ")[1:]
 
 
+@pytest.mark.usefixtures("slurm_cluster")
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.worker
-def test_a_requeued_slurm_job_resumes_from_the_newest_verified_checkpoint(
-    slurm_cluster, job_env, tmp_path
-):
+def test_a_requeued_slurm_job_resumes_from_the_newest_verified_checkpoint(job_env, tmp_path):
     from webapp.domain.launch import slurm
     from webapp.domain.models import Checkpoint, Run
 
