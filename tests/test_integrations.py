@@ -287,29 +287,40 @@ def test_a_requeued_slurm_job_resumes_from_the_newest_verified_checkpoint(job_en
     job = subprocess.run(
         ["sbatch", "--parsable", f"--output={log}", f"--chdir={ROOT}",
          "examples/slurm_job.sbatch", "--checkpoint-dir", str(tmp_path / "ckpt"),
-         "--sleep", "0.03"],
+         "--sleep", "0.05"],
         env=job_env, capture_output=True, text=True, timeout=60, check=True,
     ).stdout.strip().split(";")[0]  # fmt: skip
     key = f"torch-loop-{job}"
+
+    def verified_max(more_than: int = 0) -> int:
+        steps = Checkpoint.objects.filter(run__key=key, status="verified")
+        top = max(steps.values_list("step", flat=True), default=0)
+        return top if top > more_than else 0
+
+    def waiting(predicate, what: str):
+        try:
+            return wait_for(predicate, 90, interval=0.2)
+        except AssertionError:
+            state = squeue_state(job) or "gone"
+            raise AssertionError(f"{what}; job {job} {state}:\n{log.read_text()}") from None
+
     try:
-
-        def verified_max(more_than: int = 0) -> int:
-            steps = Checkpoint.objects.filter(run__key=key, status="verified")
-            top = max(steps.values_list("step", flat=True), default=0)
-            return top if top > more_than else 0
-
         # Preempted (what `scontrol requeue` and PreemptMode=REQUEUE do: SIGTERM, requeue).
-        before_first = wait_for(lambda: verified_max(20), 60, interval=0.2)
+        before_first = waiting(lambda: verified_max(20), "no verified checkpoint past step 20")
         subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
         release_when_requeued(job)
-        wait_for(lambda: len(starts(log, job)) == 2 and "resumed from" in starts(log, job)[1],
-                 60, interval=0.2)  # fmt: skip
+        waiting(
+            lambda: len(starts(log, job)) == 2 and "resumed from" in starts(log, job)[1],
+            "the requeued job did not resume",
+        )
         # Near the time limit: Slurm's USR1 (--signal=B:USR1@120) to the batch script,
         # whose trap requeues the job.
-        before_second = wait_for(lambda: verified_max(before_first + 20), 60, interval=0.2)
+        before_second = waiting(
+            lambda: verified_max(before_first + 20), "no newer checkpoint verified"
+        )
         subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
         release_when_requeued(job)
-        final = slurm.wait(job, timeout=90, interval=0.5)
+        final = slurm.wait(job, timeout=120, interval=0.5)
     finally:
         slurm.cancel(job)
     output = log.read_text()
