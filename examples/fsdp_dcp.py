@@ -1,0 +1,95 @@
+"""FSDP (fully_shard) with torch.distributed.checkpoint, watched by Lifeboat
+(docs/integrations/fsdp.md). Every rank writes its shard; rank 0 reports the folder.
+
+    torchrun --standalone --nproc-per-node 2 examples/fsdp_dcp.py --run-name fsdp-demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import fully_shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+import lifeboat  # noqa: E402
+from lifeboat.restore import latest_info  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--run-name", default=os.environ.get("LIFEBOAT_RUN", "fsdp-demo"))
+    parser.add_argument("--checkpoint-dir", default="var/checkpoints")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--save-every", type=int, default=10)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")  # "nccl" on GPUs
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    x = torch.randn(256, 16, generator=torch.Generator().manual_seed(0))[rank::world]
+    y = x.sum(dim=1, keepdim=True)
+
+    # Rank 0 asks Lifeboat for the newest verified checkpoint; every rank loads it.
+    found = [None]
+    if rank == 0:
+        try:
+            checkpoint = latest_info(args.run_name, lifeboat.Config.resolve())
+            found = [(str(lifeboat.latest(args.run_name)), checkpoint["id"], checkpoint["step"])]
+        except lifeboat.LatestError as exc:
+            print(f"starting afresh: {exc}", flush=True)
+    dist.broadcast_object_list(found, src=0)
+    start, resumed_from = 0, None
+    if found[0] is not None:
+        path, resumed_from, start = found[0]
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(state, checkpoint_id=path)  # each rank reads its own shards
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
+        if rank == 0:
+            print(f"resumed from {path} (step {start})", flush=True)
+
+    folder = Path(args.checkpoint_dir).resolve() / args.run_name
+    # On ranks other than 0 the run is disabled: every call is a no-op.
+    with lifeboat.Run(
+        args.run_name,
+        framework=f"torch {torch.__version__} fsdp",
+        world_size=world,
+        resumed_from=resumed_from,
+    ) as run:
+        for step in range(start + 1, args.steps + 1):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            run.log(step, loss=loss.item())
+            if step % args.save_every == 0:
+                model_state, optimizer_state = get_state_dict(model, optimizer)
+                target = folder / f"step-{step:06d}"
+                run.checkpoint_started(step)
+                dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=target)
+                # dcp.save returns on every rank once .metadata is written: complete.
+                run.checkpoint(target, step=step, metrics={"loss": loss.item()}, format="dcp")
+                if rank == 0:
+                    print(f"step {step}: saved {target}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
