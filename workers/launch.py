@@ -14,10 +14,25 @@ log = logging.getLogger(__name__)
 FINAL = ("succeeded", "failed", "cancelled")
 
 
+def _record(resume, type_: str, message: str) -> None:
+    """One line of the run's timeline about this resume, by the launch worker."""
+    from webapp.domain.models import Event
+
+    Event.objects.create(
+        project_id=resume.project_id,
+        run_id=resume.run_id,
+        type=type_,
+        step=resume.checkpoint.step,
+        time=resume.updated_at,
+        actor="worker:launch",
+        message=message,
+        data={"resume": resume.pk},
+    )
+
+
 @shared_task(name="workers.launch.launch_resume", ignore_result=True)
 def launch_resume(resume_id: int) -> str:
     from webapp.domain import resume as resumes
-    from webapp.domain.models import Event
     from webapp.domain.models.recovery import ResumeStatus
 
     resume = resumes.claim(resume_id)
@@ -25,31 +40,13 @@ def launch_resume(resume_id: int) -> str:
         return "not claimed"
     try:
         done = resumes.prepare(resume)
-        Event.objects.create(
-            project_id=resume.project_id,
-            run_id=resume.run_id,
-            type="resume.prepared",
-            step=resume.checkpoint.step,
-            time=resume.updated_at,
-            actor="worker:launch",
-            message=f"Checkpoint ready for the job: {done}",
-            data={"resume": resume.pk},
-        )
+        _record(resume, "resume.prepared", f"Checkpoint ready for the job: {done}")
         resumes._set(resume, status=ResumeStatus.LAUNCHING)
         resumes.start(resume)
     except Exception as exc:  # noqa: BLE001 (recorded on the row, for the person who asked)
         log.exception("resume %s failed to start", resume_id)
         resumes._set(resume, status=ResumeStatus.FAILED, error=f"{exc}")
-        Event.objects.create(
-            project_id=resume.project_id,
-            run_id=resume.run_id,
-            type="resume.failed",
-            step=resume.checkpoint.step,
-            time=resume.updated_at,
-            actor="worker:launch",
-            message=f"The resume could not start: {exc}",
-            data={"resume": resume.pk},
-        )
+        _record(resume, "resume.failed", f"The resume could not start: {exc}")
         return "failed"
     follow_resume.apply_async(
         (resume_id,), queue=resumes.queue_for(resume.profile), countdown=settings.LAUNCH_FOLLOW_S
