@@ -138,7 +138,8 @@ def test_retention_dry_run_of_the_docs(stack):
     assert created.returncode == 0, created.stderr
     commands = documented("docs/replication.md", ".venv/bin/python manage.py retention")
     dry_runs = [c for c in commands if "--apply" not in c]
-    assert len(dry_runs) == 2
+    # The plain dry run, --limit 0 (every decision) and --json.
+    assert len(dry_runs) == 3, dry_runs
     for command in dry_runs:
         result = run_documented(command, stack.var)
         assert result.returncode == 0, result.stdout + result.stderr
