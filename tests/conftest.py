@@ -255,6 +255,16 @@ def project(db):
 
 
 @pytest.fixture
+def root(tmp_path, project):
+    """A folder that is the project's one allowed root (where its checkpoints may be)."""
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    project.allowed_roots = [str(root)]
+    project.save()
+    return root
+
+
+@pytest.fixture
 def other_project(db):
     from webapp.domain.models import Project
 

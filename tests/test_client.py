@@ -19,15 +19,6 @@ from webapp.domain.models import Checkpoint, Event, MetricPoint, Run
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def root(tmp_path, project):
-    root = tmp_path / "ckpts"
-    root.mkdir()
-    project.allowed_roots = [str(root)]
-    project.save()
-    return root
-
-
 def open_run(server, token, tmp_path, key="job-1", **kwargs) -> lifeboat.Run:
     return lifeboat.Run(
         key,

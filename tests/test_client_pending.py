@@ -27,15 +27,6 @@ MIB = 1024 * 1024
 
 
 @pytest.fixture
-def root(tmp_path, project):
-    root = tmp_path / "ckpts"
-    root.mkdir()
-    project.allowed_roots = [str(root)]
-    project.save()
-    return root
-
-
-@pytest.fixture
 def env(server, token, tmp_path) -> dict:
     return {
         "LIFEBOAT_URL": server.url,

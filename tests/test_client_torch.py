@@ -19,15 +19,6 @@ class Unpicklable:
         raise RuntimeError("disk full (simulated by the object being saved)")
 
 
-@pytest.fixture
-def root(tmp_path, project):
-    root = tmp_path / "ckpts"
-    root.mkdir()
-    project.allowed_roots = [str(root)]
-    project.save()
-    return root
-
-
 def test_a_failed_save_keeps_the_previous_checkpoint_whole(tmp_path):
     path = tmp_path / "model.pt"
     lbtorch.save({"w": torch.ones(1000)}, path)

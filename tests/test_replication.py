@@ -25,15 +25,6 @@ MiB = 1024 * 1024
 
 
 @pytest.fixture
-def root(tmp_path, project):
-    root = tmp_path / "ckpts"
-    root.mkdir()
-    project.allowed_roots = [str(root)]
-    project.save()
-    return root
-
-
-@pytest.fixture
 def small_parts(settings):
     # S3's smallest part, so that a 12 MiB file is a 3-part multipart upload.
     settings.REPLICATION_PART_SIZE = 5 * MiB

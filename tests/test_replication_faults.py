@@ -27,15 +27,6 @@ MiB = 1024 * 1024
 
 
 @pytest.fixture
-def root(tmp_path, project):
-    root = tmp_path / "ckpts"
-    root.mkdir()
-    project.allowed_roots = [str(root)]
-    project.save()
-    return root
-
-
-@pytest.fixture
 def replicate_env(worker_env, s3):
     """A worker that sends 5 MiB parts at 8 MiB/s (so that a test can act in the middle
     of an upload), holds its lease 2 s and retries after 1 s, 2 s, 2 s..."""

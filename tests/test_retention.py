@@ -36,15 +36,6 @@ def loss(step: int) -> float:
 
 
 @pytest.fixture
-def root(tmp_path, project):
-    root = tmp_path / "ckpts"
-    root.mkdir()
-    project.allowed_roots = [str(root)]
-    project.save()
-    return root
-
-
-@pytest.fixture
 def fifty(project, root):
     """Steps 10..500; step 30 corrupt, 500 still being checked, the others verified and,
     but for step 20, with a verified replica; 70 pinned; a run resumed from 130."""

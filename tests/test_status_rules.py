@@ -54,15 +54,6 @@ RULES_PROVED_ELSEWHERE = {
 }
 
 
-@pytest.fixture
-def root(tmp_path, project):
-    root = tmp_path / "ckpts"
-    root.mkdir()
-    project.allowed_roots = [str(root)]
-    project.save()
-    return root
-
-
 def report(api, token, directory: Path, step: int = 1, run: str = "run-1") -> Checkpoint:
     files = []
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):

@@ -41,15 +41,6 @@ def small_model(seed: int = 0, **overrides) -> dict:
     return state
 
 
-@pytest.fixture
-def root(tmp_path, project):
-    root = tmp_path / "ckpts"
-    root.mkdir()
-    project.allowed_roots = [str(root)]
-    project.save()
-    return root
-
-
 def report(
     api, token, directory: Path, step: int, run: str = "run-1", t: float | None = None
 ) -> Checkpoint:

@@ -15,15 +15,6 @@ from webapp.domain.validation import inspector
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def root(tmp_path, project):
-    root = tmp_path / "ckpts"
-    root.mkdir()
-    project.allowed_roots = [str(root)]
-    project.save()
-    return root
-
-
 def test_a_folder_swapped_after_the_hash_is_not_what_the_inspection_reads(
     api, token, root, tmp_path, monkeypatch
 ):
