@@ -24,6 +24,8 @@ from django.db.models import (
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
 
+from lifeboat.units import human_size
+
 WIDTH = 640  # viewBox units; the SVG scales to its box
 HEIGHT = 160
 PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 64, 12, 10, 22
@@ -176,9 +178,7 @@ def seconds(value: float) -> str:
 
 
 def size(value: float) -> str:
-    from webapp.dashboard.templatetags.humanize_bytes import bytes_
-
-    return bytes_(value)
+    return human_size(value)
 
 
 def run_charts(run, metric_keys: list[str]) -> list[Chart]:
