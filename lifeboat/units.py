@@ -82,5 +82,8 @@ def coarse_duration(seconds: int) -> str:
 
 
 def _two_figures(value: float) -> str:
-    """4.394 -> '4.4', 43.94 -> '44', 439.4 -> '439': two figures, and whole above ten."""
-    return f"{value:.2g}" if value < 9.95 else f"{value:.0f}"
+    """4.394 -> '4.4', 43.94 -> '43.9', 439.4 -> '439': one decimal at most, two figures
+    below ten."""
+    if value < 9.95:
+        return f"{value:.2g}"
+    return f"{value:.3g}" if value < 99.5 else f"{value:.0f}"

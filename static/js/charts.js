@@ -95,7 +95,7 @@
   }
 
   function draw(figure) {
-    var script = document.getElementById(figure.dataset.chart);
+    var script = figure.querySelector('script[type="application/json"]');
     if (!script || figure.dataset.drawn || typeof uPlot === "undefined") return;
     var data = JSON.parse(script.textContent);
     if (!data.x || !data.x.length) return;
@@ -150,7 +150,7 @@
   }
 
   function drawAll(root) {
-    (root || document).querySelectorAll("figure.chart[data-chart]").forEach(draw);
+    (root || document).querySelectorAll("figure.chart").forEach(draw);
   }
 
   document.addEventListener("DOMContentLoaded", function () { drawAll(document); });
