@@ -47,6 +47,46 @@
     step: function (v) { return v === null ? "–" : Math.round(v).toLocaleString("en-US"); },
   };
 
+  // Tick labels: one unit for the whole axis (the largest tick's), with just enough
+  // decimals to tell ticks `incr` apart: 298.83 KiB, 298.85 KiB; 4.5 ms, 5.0 ms; 0.
+  var SECOND_UNITS = [[1e-3, 1e-6, "µs"], [1, 1e-3, "ms"], [60, 1, "s"], [3600, 60, "min"],
+    [172800, 3600, "h"], [Infinity, 86400, "d"]];
+
+  function fixed(value, decimals) {
+    return value.toLocaleString("en-US", { minimumFractionDigits: decimals, maximumFractionDigits: decimals });
+  }
+
+  function decimalsFor(incr) {
+    return incr > 0 ? Math.max(0, Math.min(6, Math.ceil(-Math.log10(incr) - 1e-9))) : 0;
+  }
+
+  function scaleOf(kind, largest) {
+    if (kind === "bytes") {
+      var k = 0;
+      while (largest >= Math.pow(1024, k + 1) && k < BINARY.length - 1) k++;
+      return [Math.pow(1024, k), " " + BINARY[k]];
+    }
+    if (kind === "seconds") {
+      for (var i = 0; i < SECOND_UNITS.length; i++) {
+        if (largest < SECOND_UNITS[i][0]) return [SECOND_UNITS[i][1], " " + SECOND_UNITS[i][2]];
+      }
+    }
+    if (kind === "percent") return [0.01, " %"];
+    return [1, ""];
+  }
+
+  function tickFormatter(kind) {
+    return function (u, splits, axisIdx, space, incr) {
+      var largest = Math.max.apply(null, splits.map(function (v) { return Math.abs(v || 0); }));
+      var scale = scaleOf(kind, largest), decimals = decimalsFor((incr || 1) / scale[0]);
+      if (kind === "step") decimals = 0;
+      return splits.map(function (v) {
+        if (v === null || v === undefined) return "";
+        return v === 0 ? "0" : fixed(v / scale[0], decimals) + scale[1];
+      });
+    };
+  }
+
   // Tick spacings uPlot may choose from: 1-2-5 decades, binary steps for sizes, whole
   // minutes and hours for durations, whole numbers for steps.
   function decades(from, to, mantissas) {
@@ -94,6 +134,12 @@
     };
   }
 
+  function labelWidth(u, values) {
+    // Wide enough for the longest tick label (about 7 px a character at 12 px).
+    var longest = (values || []).reduce(function (n, v) { return Math.max(n, String(v).length); }, 4);
+    return longest * 7 + 26; // and the tick marks and gap beside them
+  }
+
   function draw(figure) {
     var script = figure.querySelector('script[type="application/json"]');
     if (!script || figure.dataset.drawn || typeof uPlot === "undefined") return;
@@ -125,10 +171,10 @@
       axes: [
         { stroke: muted, font: axisFont, size: 34, grid: { stroke: line, width: 1 }, ticks: { stroke: line },
           incrs: data.x_log ? undefined : INCREMENTS[xKind],
-          values: function (u, vals) { return vals.map(xFormat); } },
-        { stroke: muted, font: axisFont, size: 72, grid: { stroke: line, width: 1 }, ticks: { stroke: line },
+          values: data.x_log ? function (u, vals) { return vals.map(xFormat); } : tickFormatter(xKind) },
+        { stroke: muted, font: axisFont, size: labelWidth, grid: { stroke: line, width: 1 }, ticks: { stroke: line },
           incrs: INCREMENTS[kind],
-          values: function (u, vals) { return vals.map(format); } },
+          values: tickFormatter(kind) },
       ],
       cursor: { drag: { x: true, y: false }, points: { show: false } },
       legend: { live: true },
@@ -136,6 +182,7 @@
     };
     var columns = [data.x].concat(data.series.map(function (s) { return s.values; }));
     var plot = new uPlot(options, columns, holder);
+    figure.uplot = plot; // for the browser tests: the zoomed range
     figure.classList.add("chart-drawn");
     var hint = document.createElement("p");
     hint.className = "muted small chart-hint";
