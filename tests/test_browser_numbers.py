@@ -97,6 +97,8 @@ def visible_raw_floats(page) -> list[str]:
 def test_numbers_read_for_people_and_the_chart_hovers_and_zooms(page, web, project, digits, shots):
     from playwright.sync_api import expect
 
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
     person(project, "vera", "viewer")
     sign_in(page, web, "vera")
     page.goto(f"{web.url}/p/alpha/runs/digits-2/")
@@ -136,6 +138,14 @@ def test_numbers_read_for_people_and_the_chart_hovers_and_zooms(page, web, proje
     ticks = save.evaluate("f => f.uplot.axes[1]._values")
     assert ticks and all(t.endswith(" ms") or t == "0" for t in ticks), ticks
     assert len(set(ticks)) == len(ticks), ticks  # never "0.01 s / 0.01 s / 0.00 s"
+
+    # The waste-against-interval chart: a log axis of durations, the share in percent.
+    page.goto(f"{web.url}/p/alpha/runs/digits-2/?analytics=1&mtbf_hours=2")
+    waste = page.locator("figure.chart", has_text="Time wasted")
+    expect(waste.locator(".chart-plot canvas")).to_be_visible()
+    assert all(t.endswith(" %") or t == "0" for t in waste.evaluate("f => f.uplot.axes[1]._values"))
+    shots("run-analytics", page)
+    assert errors == []
 
     page.goto(f"{web.url}/p/alpha/checkpoints/{digits.pk}/")
     expect(page.get_by_role("heading", name="Step 90")).to_be_visible()

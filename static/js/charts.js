@@ -134,6 +134,21 @@
     };
   }
 
+  // A log axis of durations (the interval chart) ticks at durations people use, 45 px
+  // apart at least, rather than at 10 s, 1.67 min, 16.7 min.
+  var DURATIONS = [1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60,
+    120, 300, 600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400, 172800, 432000, 864000];
+
+  function durationSplits(u, axisIdx, min, max) {
+    var out = [], last = -Infinity;
+    DURATIONS.forEach(function (t) {
+      if (t < min || t > max) return;
+      var at = u.valToPos(t, "x");
+      if (at - last >= 45) { out.push(t); last = at; }
+    });
+    return out;
+  }
+
   function labelWidth(u, values) {
     // Wide enough for the longest tick label (about 7 px a character at 12 px).
     var longest = (values || []).reduce(function (n, v) { return Math.max(n, String(v).length); }, 4);
@@ -167,11 +182,18 @@
       width: width, height: 170,
       series: series,
       bands: data.series.length === 2 ? [{ series: [1, 2], fill: ink + "22" }] : [],
-      scales: { x: data.x_log ? { time: false, distr: 3, log: 10 } : { time: false } },
+      scales: { x: data.x_log
+        ? { time: false, distr: 3, log: 10, range: function (u, min, max) { return [min, max]; } }
+        : { time: false } },
       axes: [
         { stroke: muted, font: axisFont, size: 34, grid: { stroke: line, width: 1 }, ticks: { stroke: line },
           incrs: data.x_log ? undefined : INCREMENTS[xKind],
-          values: data.x_log ? function (u, vals) { return vals.map(xFormat); } : tickFormatter(xKind) },
+          splits: data.x_log ? durationSplits : undefined,
+          // uPlot labels only powers of ten on a log axis unless told otherwise.
+          filter: data.x_log ? function (u, splits) { return splits; } : undefined,
+          values: data.x_log
+            ? function (u, vals) { return vals.map(function (v) { return v == null ? "" : xFormat(v); }); }
+            : tickFormatter(xKind) },
         { stroke: muted, font: axisFont, size: labelWidth, grid: { stroke: line, width: 1 }, ticks: { stroke: line },
           incrs: INCREMENTS[kind],
           values: tickFormatter(kind) },
