@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 
-from lifeboat.progress import human_size
+from lifeboat.units import human_size
 
 # timezone.utc, not datetime.UTC (3.11+): the client also runs on training nodes' older Pythons.
 UTC = timezone.utc  # noqa: UP017

@@ -6,6 +6,10 @@ from __future__ import annotations
 import sys
 import time
 
+from lifeboat.units import human_size
+
+__all__ = ["Progress", "human_size"]
+
 
 class Progress:
     """Bytes, rate and ETA on one line of stderr, at most every half second."""
@@ -61,12 +65,3 @@ class Progress:
         if self.enabled:
             self.stream.write("\n")
             self.stream.flush()
-
-
-def human_size(count: float) -> str:
-    """1536 -> '1.5 KiB'; bytes as a person reads them."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count:.1f} TiB"

@@ -17,12 +17,9 @@ that reports a checkpoint.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import re
 import secrets
-import shlex
 import signal
 import socket
 import subprocess
@@ -31,7 +28,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +35,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # webapp.env_file, for stack_settings
 
+from stack_demo import (  # noqa: E402
+    ADMIN_EXISTED,
+    CREATE_ADMIN,
+    CREATE_DEMO_PROFILE,
+    CREATE_DEMO_TARGET,
+    DEMO_PROJECT,
+    FIND_DEMO_ACCESS,
+    banner,
+)
 from stack_settings import (  # noqa: E402
     binds_loopback_only,
     keep_secret_key,
@@ -54,55 +59,6 @@ VAR = Path(os.environ.get("LIFEBOAT_VAR_DIR") or ROOT / "var").resolve()
 CREDENTIALS = VAR / "credentials.txt"
 STOP_TIMEOUT_S = float(os.environ.get("LIFEBOAT_STOP_TIMEOUT", "10"))
 QUEUES = "validate,replicate,restore,launch,alerts"
-DEMO_PROJECT, DEMO_RUN = "demo", "demo-run"
-
-CREATE_ADMIN = """
-import os
-from django.contrib.auth import get_user_model
-User = get_user_model()
-if User.objects.filter(username="admin").exists():
-    print("existed")
-else:
-    User.objects.create_superuser("admin", "admin@localhost", os.environ["LB_ADMIN_PASSWORD"])
-    print("created")
-"""
-CREATE_DEMO_TARGET = """
-import os
-from webapp.domain.models import Project, StorageTarget
-project = Project.objects.filter(slug="demo").first()
-if project is not None and not StorageTarget.objects.filter(project=project).exists():
-    StorageTarget.objects.create(
-        project=project, name="local-s3", bucket=os.environ.get("S3_BUCKET", "lifeboat"),
-        prefix="replicas",
-    )
-"""
-CREATE_DEMO_PROFILE = """
-import os, shlex, sys
-from webapp.domain.models import LaunchProfile, Project
-project = Project.objects.filter(slug="demo").first()
-if project is not None and not LaunchProfile.objects.filter(project=project).exists():
-    python = shlex.quote(os.environ["LB_PYTHON"])
-    profile = LaunchProfile(
-        project=project, name="digits-local", kind="local",
-        command_template=python + " examples/train_digits.py --run {{new_run_key}} "
-        "--resume-from {{checkpoint_path}} --epochs 10",
-        options={"workdir": os.environ["LB_ROOT"]},
-    )
-    profile.full_clean(); profile.save()  # the settings form's checks of the template
-"""
-FIND_DEMO_ACCESS = """
-import os
-from webapp.domain.models import ApiToken
-known = [
-    token for token in os.environ["LB_TOKENS"].split()
-    if ApiToken.objects.filter(
-        digest=ApiToken.digest_of(token), revoked_at__isnull=True
-    ).exists()
-]
-print(known[0] if known else "none")
-"""
-# A user admin made before credentials.txt (e.g. in a shared DATABASE_URL) keeps its password.
-ADMIN_EXISTED = "(unknown: user admin existed; set it with manage.py changepassword admin)"
 
 
 class Stopped(Exception):
@@ -234,7 +190,13 @@ def manage(env: dict[str, str], *args: str) -> str:
 
 def child_environment() -> dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("DEBUG", "1")
+    # Pages as production serves them: no debug pages, the app's own 404 and 500, static
+    # files by WhiteNoise from STATIC_ROOT (collectstatic in prepare_database()).
+    env.setdefault("DEBUG", "0")
+    # Served over plain http (http://127.0.0.1:8000): cookies marked secure-only, the
+    # default with DEBUG off, would never come back and nobody could sign in. Behind TLS,
+    # set SECURE_COOKIES=1 (docs/deployment.md).
+    env.setdefault("SECURE_COOKIES", "0")
     env["LIFEBOAT_VAR_DIR"] = str(VAR)  # absolute, so every child agrees on it
     # The children get every setting from here: a settings file of an earlier start (with,
     # say, a DATABASE_URL since unset) must not fill their gaps.
@@ -438,51 +400,10 @@ def start_app(env: dict[str, str], bind: str) -> None:
     start("beat", [BIN / "celery", "-A", "workers", "beat", "-l", "info", "-s", schedule], env)
 
 
-def demo_checkpoint() -> tuple[str, list[dict]]:
-    """A small real checkpoint on disk, for the demo curl command to report."""
-    folder = VAR / "checkpoints" / DEMO_RUN / "step-100"
-    folder.mkdir(parents=True, exist_ok=True)
-    weights = folder / "model.bin"
-    if not weights.exists():
-        weights.write_bytes(bytes(range(256)) * 64)
-    data = weights.read_bytes()
-    files = [{"path": weights.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}]
-    return str(folder), files
-
-
 def print_banner(url: str, creds: dict[str, str]) -> None:
-    location, files = demo_checkpoint()
-    event = {
-        "id": str(uuid.uuid4()),
-        "type": "checkpoint.saved",
-        "run": DEMO_RUN,
-        "time": datetime.now(UTC).isoformat(timespec="seconds"),
-        "step": 100,
-        "location": location,
-        "files": files,
-    }
-    curl = [
-        f"curl -sS -X POST {url}/api/v1/events",
-        "-H " + shlex.quote(f"Authorization: Bearer {creds.get('token', '')}"),
-        "-H 'Content-Type: application/json'",
-        "-d " + shlex.quote(json.dumps(event)),
-    ]
-    rule = "=" * 78
-    lines = [
-        rule,
-        f"Lifeboat is running at {url}   (Ctrl-C stops all of it)",
-        f"  sign in as:     {creds.get('admin_user', 'admin')} / {creds.get('admin_password')}",
-        f"  demo API token: {creds.get('token')}   (project {DEMO_PROJECT!r})",
-        f"  secrets kept in {CREDENTIALS}, logs in {VAR / 'log'}",
-        "",
-        "Report a checkpoint:",
-        "  " + " \\\n    ".join(curl),
-        "",
-        f"then see it at {url}/p/{DEMO_PROJECT}/runs/{DEMO_RUN}/",
-        rule,
-    ]
+    text = banner(url, creds, VAR, CREDENTIALS)
     with _print_lock:
-        print("\n".join(lines), flush=True)
+        print(text, flush=True)
 
 
 def run_stack() -> None:

@@ -23,6 +23,7 @@ from webapp.env_file import NAME, read_env_file, write_env_file
 # The settings a stack's children run with; each is saved when the stack has one.
 SAVED = (
     "DEBUG",
+    "SECURE_COOKIES",
     "SECRET_KEY",
     "SITE_URL",
     "DATABASE_URL",

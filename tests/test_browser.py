@@ -316,7 +316,7 @@ def test_an_operator_restore_tests_and_resumes_after_confirming_the_command(
     person(project, "otto", "operator")
     sign_in(page, web, "otto")
     page.goto(f"{web.url}/p/alpha/checkpoints/{checkpoint.pk}/")
-    expect(page.locator("#restore-tests + table")).to_contain_text("1.76 s")
+    expect(page.locator("#restore-tests + table")).to_contain_text("1.8 s")
 
     page.get_by_role("button", name="Restore test").click()
     expect(page.locator("#live")).to_contain_text("queued for a restore test")
@@ -353,7 +353,7 @@ def test_an_operator_restore_tests_and_resumes_after_confirming_the_command(
 
     # The run page: the measured time to recover, and what checkpointing costs.
     page.get_by_role("link", name="Llama 7B").click()
-    expect(page.locator("#time-to-recover")).to_contain_text("1.76 s")
+    expect(page.locator("#time-to-recover")).to_contain_text("1.8 s")
     expect(page.locator("#analytics dl.analytics")).to_contain_text("Median save time")
     page.get_by_label("Assume an MTBF of").fill("3")
     page.get_by_role("button", name="Recompute").click()

@@ -388,3 +388,29 @@ def test_make_runs_database_url_reaches_the_commands(tmp_path):
     )
     result = run_documented(show, tmp_path)
     assert result.stdout.splitlines()[-1] == "postgresql", result.stderr
+
+
+def test_make_run_serves_pages_as_production_does(stack):
+    """DEBUG off: a missing page is the app's own 404 (no URL patterns listed), static
+    files (the favicon, uPlot, Swagger UI) come from the app, and the sign-in page works
+    over make run's plain http (its cookies are not secure-only)."""
+    import urllib.error
+
+    settings = (stack.var / "lifeboat.env").read_text()
+    assert "DEBUG=0\n" in settings and "SECURE_COOKIES=0\n" in settings
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        urllib.request.urlopen(f"{stack.url}/no-such-page/", timeout=10)  # noqa: S310
+    page = missing.value.read().decode()
+    assert missing.value.code == 404 and "Back to your projects" in page
+    assert "URLconf" not in page and "DEBUG = True" not in page
+    for path in (
+        "/favicon.ico",
+        "/static/vendor/uplot/uPlot.iife.min.js",
+        "/static/ninja/swagger-ui-bundle.js",
+    ):
+        with urllib.request.urlopen(stack.url + path, timeout=10) as answer:  # noqa: S310
+            assert answer.status == 200, path
+    with urllib.request.urlopen(f"{stack.url}/api/v1/docs", timeout=10) as answer:  # noqa: S310
+        assert "https://" not in answer.read().decode()
+    with urllib.request.urlopen(f"{stack.url}/accounts/login/", timeout=10) as answer:  # noqa: S310
+        assert "; secure" not in (answer.headers.get("Set-Cookie") or "").lower()

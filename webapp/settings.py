@@ -55,6 +55,10 @@ INSTALLED_APPS = [
     "webapp.dashboard",
     "webapp.accounts",
     "axes",
+    # Only for its templates and static files: the API docs page (Swagger UI) is served
+    # from here, not from a CDN, so it works offline (django-ninja picks its CDN page
+    # when "ninja" is not an installed app).
+    "ninja",
 ]
 
 MIDDLEWARE = [
@@ -86,6 +90,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # Numbers, sizes and times for people in every template, without a {% load %}.
+            "builtins": ["webapp.dashboard.templatetags.numbers"],
         },
     },
 ]

@@ -1,4 +1,6 @@
 from django.contrib import admin
+from django.http import HttpResponsePermanentRedirect
+from django.templatetags.static import static
 from django.urls import include, path, re_path
 
 from webapp.api.errors import error_response
@@ -7,7 +9,15 @@ from webapp.api.urls import api
 from webapp.ops.health import healthz
 from webapp.ops.metrics import metrics_view
 
+
+def favicon(request):
+    """/favicon.ico, which browsers ask for on every page whatever base.html links: the
+    static SVG (one file to keep)."""
+    return HttpResponsePermanentRedirect(static("favicon.svg"))
+
+
 urlpatterns = [
+    path("favicon.ico", favicon),
     path("api/v1/", api.urls),
     re_path(r"^api/", api_not_found),
     path("metrics", metrics_view, name="metrics"),

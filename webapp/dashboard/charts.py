@@ -3,7 +3,13 @@
 The database does the downsampling: the step range is cut into one bucket per pixel
 column and each bucket gives its min and max (GROUP BY), so a run with 100,000
 checkpoints sends a few hundred rows to Python, and the drawn envelope still shows every
-spike (a plain average or every-nth sample would hide them)."""
+spike (a plain average or every-nth sample would hide them).
+
+Each chart carries its buckets as data too (Chart.data, a json_script in _chart.html):
+static/js/charts.js draws them with uPlot (static/vendor/uplot/), with readable axes,
+the values under the cursor and drag-to-zoom; the SVG is what shows without JavaScript.
+A resumed run's charts continue its parent's: the lineage's points up to each resume
+step, then the run's own, with a marker at each resume (lineage_points())."""
 
 from __future__ import annotations
 
@@ -19,10 +25,14 @@ from django.db.models import (
     Func,
     Max,
     Min,
+    Q,
     Value,
 )
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
+from django.utils.text import slugify
+
+from lifeboat.units import format_number, format_seconds, human_size
 
 WIDTH = 640  # viewBox units; the SVG scales to its box
 HEIGHT = 160
@@ -48,6 +58,13 @@ class Chart:
     # Vertical lines at chosen x values: (x, label, css class).
     markers: list[tuple[float, str, str]] = field(default_factory=list)
     x_label: str = "step"
+    # What static/js/charts.js draws: {"x": [...], "series": [{"label", "values"}], "kind",
+    # "x_kind", "markers": [[x, label]]}; kind says how values read (bytes, seconds, ...).
+    data: dict = field(default_factory=dict)
+
+    @property
+    def dom_id(self) -> str:
+        return f"chart-data-{slugify(self.title) or 'values'}"
 
     @property
     def empty(self) -> bool:
@@ -117,6 +134,11 @@ def metric_value(key: str):
     return JsonNumber(KeyTransform(key, "values"))
 
 
+def _figures(value: float | None) -> float | None:
+    """Six significant figures: what a chart can show, at a third of the JSON."""
+    return None if value is None else float(f"{value:.6g}")
+
+
 def draw(
     title: str, rows: list[dict], name: str, lo: int, hi: int, fmt, unit: str = "", count: int = 0
 ) -> Chart:
@@ -125,6 +147,16 @@ def draw(
     rows = [r for r in rows if r[f"{name}_lo"] is not None and r[f"{name}_hi"] is not None]
     if not rows:
         return chart
+    chart.data = {
+        "x": [r["step_at"] for r in rows],
+        "series": [
+            {"label": "max", "values": [_figures(r[f"{name}_hi"]) for r in rows]},
+            {"label": "min", "values": [_figures(r[f"{name}_lo"]) for r in rows]},
+        ],
+        "kind": KINDS.get(fmt, "number"),
+        "x_kind": "step",
+        "markers": [],
+    }
     y_lo = min(r[f"{name}_lo"] for r in rows)
     y_hi = max(r[f"{name}_hi"] for r in rows)
     if y_hi == y_lo:  # a flat line: give it room, 10 % either side
@@ -157,6 +189,7 @@ def draw(
 
 
 def short_number(value: float) -> str:
+    """An axis label: 12.5k, 3.4M; three figures below a hundred."""
     if value is None:
         return ""
     magnitude = abs(value)
@@ -166,19 +199,58 @@ def short_number(value: float) -> str:
         return f"{value / 1e6:.1f}M"
     if magnitude >= 1e4:
         return f"{value / 1e3:.1f}k"
-    if magnitude >= 100 or value == int(value):
-        return f"{value:.0f}"
-    return f"{value:.3g}"
+    return format_number(value)
 
 
 def seconds(value: float) -> str:
-    return f"{value:.2f} s" if value < 100 else f"{value:.0f} s"
+    return format_seconds(value)
 
 
 def size(value: float) -> str:
-    from webapp.dashboard.templatetags.humanize_bytes import bytes_
+    return human_size(value)
 
-    return bytes_(value)
+
+# How static/js/charts.js formats a chart's values, by the formatter its SVG uses.
+KINDS = {short_number: "number", seconds: "seconds", size: "bytes"}
+
+MAX_LINEAGE = 20  # ancestors followed back: one query each
+
+
+def lineage_points(run, related: str):
+    """The rows of `related` ("checkpoints", "metric_points") that tell the run's story:
+    each ancestor's up to the step its child resumed from, then the run's own; and the
+    resume steps. A run that is no resume gets its own rows alone, as before."""
+    from webapp.domain.models import Checkpoint
+
+    own = getattr(run, related).all()
+    condition, resumes, child, seen = Q(run=run), [], run, {run.pk}
+    while child.resumed_from_id and len(seen) <= MAX_LINEAGE:
+        origin = (
+            Checkpoint.objects.filter(pk=child.resumed_from_id, project_id=run.project_id)
+            .values("run_id", "step")
+            .first()
+        )
+        if origin is None or origin["run_id"] in seen:
+            break  # deleted, another project's, or a loop
+        condition |= Q(run_id=origin["run_id"], step__lte=origin["step"])
+        resumes.append(origin["step"])
+        seen.add(origin["run_id"])
+        child = type(run).objects.only("pk", "resumed_from_id").get(pk=origin["run_id"])
+    if not resumes:
+        return own, []
+    return own.model.objects.filter(condition), sorted(resumes)
+
+
+def mark_resumes(chart: Chart, resumes: list[int], lo: int, hi: int) -> None:
+    """A marker at each resume step within the chart's range."""
+    if chart.empty or hi <= lo:
+        return
+    plot_w = chart.plot_right - chart.plot_left
+    for step in resumes:
+        if lo <= step <= hi:
+            x = chart.plot_left + (step - lo) / (hi - lo) * plot_w
+            chart.markers.append((x, f"resumed at {step:,}", "marker-resume"))
+            chart.data["markers"].append([step, f"resumed at step {step:,}"])
 
 
 def run_charts(run, metric_keys: list[str]) -> list[Chart]:
@@ -187,7 +259,8 @@ def run_charts(run, metric_keys: list[str]) -> list[Chart]:
     from webapp.domain.models.checkpoints import CheckpointStatus
 
     charts = []
-    saved = run.checkpoints.exclude(
+    checkpoints, resumes = lineage_points(run, "checkpoints")
+    saved = checkpoints.exclude(
         status__in=(CheckpointStatus.SAVING, CheckpointStatus.FAILED, CheckpointStatus.DELETED)
     )
     bounds = saved.order_by().aggregate(lo=Min("step"), hi=Max("step"))
@@ -197,14 +270,18 @@ def run_charts(run, metric_keys: list[str]) -> list[Chart]:
         count = len(rows)
         charts.append(draw("Checkpoint size", rows, "size", lo, hi, size, count=count))
         charts.append(draw("Save time", rows, "save", lo, hi, seconds, unit="s", count=count))
-    points = run.metric_points.all()
+        for chart in charts:
+            mark_resumes(chart, resumes, lo, hi)
     if metric_keys:
+        points, resumes = lineage_points(run, "metric_points")
         bounds = points.order_by().aggregate(lo=Min("step"), hi=Max("step"))
         if bounds["lo"] is not None:
             lo, hi = bounds["lo"], bounds["hi"]
             for key in metric_keys:
                 rows = min_max_buckets(points, {"v": metric_value(key)}, lo, hi)
-                charts.append(draw(key, rows, "v", lo, hi, short_number, count=len(rows)))
+                chart = draw(key, rows, "v", lo, hi, short_number, count=len(rows))
+                mark_resumes(chart, resumes, lo, hi)
+                charts.append(chart)
     return charts
 
 
@@ -266,6 +343,15 @@ def interval_chart(figures, samples: int = 120) -> Chart | None:
     chart.markers = [(x_of(daly), f"Daly {duration_label(daly)}", "marker-daly")]
     if actual and actual > 0:
         chart.markers.append((x_of(actual), f"used {duration_label(actual)}", "marker-actual"))
+    chart.data = {
+        "x": [_figures(t) for t in taus],
+        "series": [{"label": "wasted", "values": [_figures(w) for w in wastes]}],
+        "kind": "percent",
+        "x_kind": "seconds",
+        "x_log": True,
+        "markers": [[daly, f"Daly {duration_label(daly)}"]]
+        + ([[actual, f"used {duration_label(actual)}"]] if actual and actual > 0 else []),
+    }
     best = min(wastes)
     chart.summary = (
         f"Waste from {best * 100:.2g} % (near Daly's interval, {duration_label(daly)}) to "

@@ -33,6 +33,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from lifeboat.units import format_seconds
+
 log = logging.getLogger(__name__)
 
 SEVERITY_ICON = {
@@ -47,15 +49,6 @@ SEVERITY_ICON = {
     "storage.over_quota": "🟠",
     "run.up": "🟢",
 }
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
 def record(
@@ -191,11 +184,11 @@ def claim_state(run, state: str) -> bool:
 def _overdue_flip(run, now, silent: bool):
     since = run.last_checkpoint_at or run.started_at or run.created_at
     if silent:
-        why = f"no heartbeat for {_duration((now - run.last_heartbeat_at).total_seconds())}"
+        why = f"no heartbeat for {format_seconds((now - run.last_heartbeat_at).total_seconds())}"
     else:
         why = (
-            f"no checkpoint for {_duration((now - since).total_seconds())} "
-            f"(expected every {_duration(run.expected_interval_s)})"
+            f"no checkpoint for {format_seconds((now - since).total_seconds())} "
+            f"(expected every {format_seconds(run.expected_interval_s)})"
         )
     return record(
         "run.overdue",

@@ -35,18 +35,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from lifeboat.units import human_size
+
 log = logging.getLogger(__name__)
 
 GPU_WORKER_KEY = "lifeboat:gpu-worker:"
 LOADER_MODULE = "webapp.domain.restore_load"
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
 
 
 # -- where it runs ---------------------------------------------------------------------------
@@ -467,13 +461,13 @@ def run(validation_id: int) -> str:
         skipped = loaded["skipped"]
         message = (
             f"Restored from {replica.target.name} in {timings['total_s']:.1f} s: "
-            f"{_size(total)} downloaded and verified at {_size(rate)}/s, "
-            f"{loaded['tensors']:,} tensors ({_size(loaded['bytes'])}) loaded in "
+            f"{human_size(total)} downloaded and verified at {human_size(rate)}/s, "
+            f"{loaded['tensors']:,} tensors ({human_size(loaded['bytes'])}) loaded in "
             f"{timings['load_s']:.1f} s and moved to {loaded['device']} in "
-            f"{timings['to_device_s']:.2f} s; peak memory {_size(loaded['peak_host_bytes'])}"
+            f"{timings['to_device_s']:.2f} s; peak memory {human_size(loaded['peak_host_bytes'])}"
         )
         if loaded["peak_device_bytes"]:
-            message += f" on the host, {_size(loaded['peak_device_bytes'])} on the GPU"
+            message += f" on the host, {human_size(loaded['peak_device_bytes'])} on the GPU"
         if skipped:
             message += f". Not loadable as tensors (checked by sha256 only): {', '.join(skipped)}"
         for level in levels:

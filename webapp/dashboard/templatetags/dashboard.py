@@ -1,10 +1,12 @@
-"""Small template helpers of the dashboard: sortable column headers, durations, and
-the badge colour of an event type."""
+"""Small template helpers of the dashboard: sortable column headers, the badge colour
+of an event type. Numbers, sizes and times: numbers.py, a builtin of every template."""
 
 from __future__ import annotations
 
 from django import template
 from django.utils.html import format_html
+
+from webapp.dashboard.templatetags.numbers import format_seconds
 
 register = template.Library()
 
@@ -28,18 +30,8 @@ def sort_link(context, key: str, label: str):
 
 @register.filter
 def duration(seconds) -> str:
-    """1800 -> '30 min'; 90 -> '1 min 30 s'; 7200 -> '2 h'."""
-    try:
-        seconds = int(float(seconds))
-    except (TypeError, ValueError):
-        return ""
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, s = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min" + (f" {s} s" if s else "")
-    hours, m = divmod(minutes, 60)
-    return f"{hours} h" + (f" {m} min" if m else "")
+    """1800 -> '30 min'; 90 -> '1 min 30 s'; 0.4 -> '400 ms' (numbers.format_seconds)."""
+    return format_seconds(seconds)
 
 
 _TONES = {
@@ -79,7 +71,7 @@ def event_summary(event) -> str:
     if data.get("exit_code") is not None:
         parts.append(f"exit code {data['exit_code']}")
     if data.get("save_seconds") is not None:
-        parts.append(f"saved in {data['save_seconds']} s")
+        parts.append(f"saved in {format_seconds(data['save_seconds'])}")
     if data.get("location"):
         parts.append(str(data["location"]))
     if data.get("host"):
@@ -90,25 +82,9 @@ def event_summary(event) -> str:
 
 
 @register.filter
-def percent(fraction) -> str:
-    """0.0123 -> '1.23 %'."""
-    try:
-        value = float(fraction) * 100
-    except (TypeError, ValueError):
-        return ""
-    return f"{value:.3g} %" if value < 100 else f"{value:.0f} %"
-
-
-@register.filter
 def duration_precise(seconds) -> str:
-    """Like duration, but keeps seconds below a minute to two figures: 0.75 -> '0.75 s'."""
-    try:
-        value = float(seconds)
-    except (TypeError, ValueError):
-        return ""
-    if value < 60:
-        return f"{value:.3g} s"
-    return duration(value)
+    """The same as duration: format_seconds scales from µs to days."""
+    return format_seconds(seconds)
 
 
 @register.simple_tag

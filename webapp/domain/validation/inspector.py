@@ -36,6 +36,8 @@ import time
 import traceback
 from pathlib import Path
 
+from lifeboat.units import human_size
+
 CHILD_MODULE = "webapp.domain.validation.inspect_child"
 PROJECT_ROOT = str(Path(__file__).resolve().parents[3])
 # The child exits with this status when it runs out of memory (inspect_child has the same).
@@ -476,7 +478,7 @@ def interpret(outcome: dict, timeout_s: float, memory_bytes: int, elapsed_s: flo
         # SIGKILL that was not our timeout: the kernel's OOM killer (or a cgroup limit).
         return failure(
             "load_out_of_memory",
-            f"the load check needed more than its {human_bytes(memory_bytes)} memory limit",
+            f"the load check needed more than its {human_size(memory_bytes)} memory limit",
             elapsed_s,
         )
     return failure(
@@ -527,11 +529,3 @@ def _how(returncode: int | None) -> str:
 def _last_words(stderr: str) -> str:
     lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
     return f": {lines[-1][:300]}" if lines else ""
-
-
-def human_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            value = n / size
-            return f"{value:g} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{n} bytes"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from lifeboat.units import human_size
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ValidationStatus
 from webapp.domain.validation.integrity import Finding
@@ -24,14 +25,6 @@ class Verdict:
     validation_status: str
     message: str
     findings: list[Finding]
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
 
 
 def _single_file(keys: dict) -> str | None:
@@ -100,7 +93,7 @@ def compare_size(total_size: int, usual_sizes: list[int]) -> list[Finding]:
             Finding(
                 "suspicious",
                 "size_drop",
-                f"possibly truncated: {_size(total_size)} against a usual {_size(usual)} "
+                f"possibly truncated: {human_size(total_size)} against a usual {human_size(usual)} "
                 f"for this run",
             )
         ]
@@ -109,7 +102,8 @@ def compare_size(total_size: int, usual_sizes: list[int]) -> list[Finding]:
             Finding(
                 "info",
                 "size_growth",
-                f"{_size(total_size)} is much larger than this run's usual {_size(usual)}",
+                f"{human_size(total_size)} is much larger than this run's usual "
+                f"{human_size(usual)}",
             )
         ]
     return []
@@ -134,7 +128,7 @@ def decide(findings: list[Finding], bytes_read: int, file_count: int, content: d
         f"All {file_count} files match their sha256"
         if file_count != 1
         else "The file matches its sha256"
-    ) + f" ({_size(bytes_read)} read)"
+    ) + f" ({human_size(bytes_read)} read)"
     if content.get("tensors"):
         message += (
             f"; {content['tensors']:,} tensors, {content.get('parameters', 0):,} parameters "
