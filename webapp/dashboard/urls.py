@@ -2,8 +2,10 @@ from django.urls import path, re_path
 
 from webapp.dashboard import (
     alert_views,
+    audit_views,
     badge_views,
     members_views,
+    recovery_settings_views,
     recovery_views,
     resume_views,
     settings_edit_views,
@@ -69,7 +71,11 @@ urlpatterns = [
         alert_views.alert_channel_enabled,
         name="settings-alert-enabled",
     ),
-    path("p/<slug:slug>/settings/recovery/", settings_views.recovery, name="settings-recovery"),
+    path(
+        "p/<slug:slug>/settings/recovery/",
+        recovery_settings_views.recovery,
+        name="settings-recovery",
+    ),
     # Members, editing and deleting (webapp/dashboard/members_views.py,
     # webapp/dashboard/settings_edit_views.py).
     path("p/<slug:slug>/settings/members/", members_views.members, name="settings-members"),
@@ -123,7 +129,7 @@ urlpatterns = [
         resume_views.resume_cancel,
         name="resume-cancel",
     ),
-    path("p/<slug:slug>/settings/audit/", settings_views.audit_log, name="settings-audit"),
+    path("p/<slug:slug>/settings/audit/", audit_views.audit_log, name="settings-audit"),
     # Badges: no sign-in; the badge key is the secret. Run keys and tags may hold "/".
     re_path(
         r"^badge/(?P<badge_key>[A-Za-z0-9_-]+)\.(?P<fmt>svg|json)$",

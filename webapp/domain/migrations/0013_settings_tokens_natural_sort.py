@@ -1,5 +1,10 @@
-"""Tokens in use have distinct names within a project. Tokens that already share a name
-are renamed first ("trainer", "trainer (2)", ...), oldest keeping the name."""
+"""Tokens in use have distinct names within a project (tokens that already share a name
+are renamed first: "trainer", "trainer (2)", ..., the oldest keeping the name).
+
+On PostgreSQL, the runs list's name sort in natural order (run-3 before run-28): an ICU
+collation with numeric ordering and an index on the expression the list sorts by
+(webapp/dashboard/natural_sort.py). SQLite registers the collation on each connection
+and has no index for it."""
 
 from django.db import migrations, models
 
@@ -24,6 +29,29 @@ def rename_duplicates(apps, schema_editor):
         ApiToken.objects.filter(pk=token.pk).update(name=new)
 
 
+NATURAL_SQL = [
+    "CREATE COLLATION IF NOT EXISTS natural_sort (provider = icu, locale = 'und-u-kn-true')",
+    "CREATE INDEX IF NOT EXISTS run_project_name_natural ON domain_run "
+    "(project_id, (COALESCE(NULLIF(name, ''), key) COLLATE natural_sort), key)",
+]
+NATURAL_UNDO = [
+    "DROP INDEX IF EXISTS run_project_name_natural",
+    "DROP COLLATION IF EXISTS natural_sort",
+]
+
+
+def natural_sort(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        for sql in NATURAL_SQL:
+            schema_editor.execute(sql)
+
+
+def no_natural_sort(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        for sql in NATURAL_UNDO:
+            schema_editor.execute(sql)
+
+
 class Migration(migrations.Migration):
     dependencies = [("domain", "0012_health_badge_key")]
 
@@ -37,4 +65,5 @@ class Migration(migrations.Migration):
                 name="api_token_name_unique",
             ),
         ),
+        migrations.RunPython(natural_sort, no_natural_sort),
     ]
