@@ -1,11 +1,11 @@
 """Cancelling a resume from its row on the run page, as the API's
 POST /api/v1/resumes/{id}/cancel does: the launch host's worker stops the process or the
-Slurm job (webapp.domain.resume.cancel), so the page queues that worker's task, on the
-queue the API uses, and says so. For operators, like the API's operate scope."""
+Slurm job (webapp.domain.resume.cancel), so the page queues that worker's task on the
+queue the API uses (webapp.domain.resume.enqueue_cancel), and says so. For operators,
+like the API's operate scope and the resume itself."""
 
 from __future__ import annotations
 
-from celery import current_app
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
@@ -20,12 +20,6 @@ from webapp.domain.models.projects import Role
 FINAL = ("succeeded", "failed", "cancelled")
 
 
-def queue_cancel(resume) -> None:
-    """The API's cancel, by task name (nothing under webapp/ imports workers/)."""
-    queue = resumes.queue_for(resume.profile) if resume.profile_id else "launch"
-    current_app.send_task("workers.launch.cancel_resume", args=[resume.pk], queue=queue)
-
-
 @require_POST
 @project_view(Role.OPERATOR)
 def resume_cancel(request, resume_id: int):
@@ -37,7 +31,7 @@ def resume_cancel(request, resume_id: int):
     if resume.status in FINAL:
         messages.info(request, f"Resume {resume.pk} has already ended: {resume.status}.")
     else:
-        queue_cancel(resume)
+        resumes.enqueue_cancel(resume)  # the API's cancel (webapp/api/reads.py)
         audit(
             request,
             "resume.cancel_requested",

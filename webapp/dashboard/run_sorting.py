@@ -28,7 +28,7 @@ def run_ordering(sort: str, direction: str) -> list:
     return [
         (term[1:] if term.startswith("-") else "-" + term)
         if isinstance(term, str)
-        else term.reverse_ordering()
+        else term.copy().reverse_ordering()  # in place otherwise: RUN_SORTS would flip
         for term in terms
     ]
 
