@@ -179,6 +179,11 @@ def test_settings_and_checkpoint_pages_hold_at_800_pixels(
         if scroll > client:
             wide[name] = (scroll, client)
     assert wide == {}, f"wider than the window at 800 px: {wide}"
+    # The restore tests fit without scrolling inside their own box either.
+    page.goto(f"{web.url}/p/alpha/checkpoints/{checkpoint_on_disk.pk}/")
+    table = page.locator("table.restore-tests")
+    assert table.evaluate("t => t.scrollWidth <= t.clientWidth + 1")
+    expect(page.locator("tr.findings-row")).to_contain_text("was read in full")
     # The profile preview renders as one types, with the launcher's rendering.
     page.goto(f"{web.url}/p/alpha/settings/launch-profiles/")
     page.get_by_label("Command template").fill("python train.py --resume {{checkpoint_path}}")
