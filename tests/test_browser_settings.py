@@ -7,6 +7,8 @@ horizontal scrolling).
 Screenshots go to var/screenshots/<test name>/, like tests/test_browser.py, whose
 fixtures these tests use."""
 
+# ruff: noqa: F811 (the fixtures imported from tests/test_browser.py are parameters here)
+
 from __future__ import annotations
 
 import pytest
@@ -15,7 +17,6 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from tests.test_browser import (  # noqa: F401 (fixtures)
     PASSWORD,
-    browser,
     checkpoint_on_disk,
     person,
     shots,
@@ -35,7 +36,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def page(browser):  # noqa: F811
+def page(browser):
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     context.grant_permissions(["clipboard-read", "clipboard-write"])
     page = context.new_page()
