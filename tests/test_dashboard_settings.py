@@ -76,6 +76,11 @@ def test_token_names_are_unique_among_tokens_in_use(project, admin):
     # The database says so too, whoever writes.
     with pytest.raises(IntegrityError), transaction.atomic():
         project.issue_token("trainer", ["read"])
+    # The command line says so too.
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="already has a token named 'trainer' in use"):
+        call_command("create_project", "alpha", "--token-name", "trainer")
     # A revoked token's name can be given again (rotation).
     ApiToken.objects.get(name="trainer").revoke()
     assert client.post(
