@@ -301,6 +301,11 @@ def test_a_running_resume_is_cancelled_from_its_row(project, operator, viewer, q
     page = as_user(operator).get("/p/alpha/runs/r/").content.decode()
     assert f"Cancel resume {resume.pk}" in page
     assert f'action="/p/alpha/resumes/{resume.pk}/cancel/"' in page
+    # The checkpoint page's row of the resume has it too.
+    on_checkpoint = as_user(operator).get(f"/p/alpha/checkpoints/{checkpoint.pk}/")
+    assert f'action="/p/alpha/resumes/{resume.pk}/cancel/"' in on_checkpoint.content.decode()
+    as_viewer = as_user(viewer).get("/p/alpha/runs/r/").content.decode()
+    assert "/cancel/" not in as_viewer and 'disabled title="Only operators' in as_viewer
     assert as_user(viewer).post(f"/p/alpha/resumes/{resume.pk}/cancel/").status_code == 403
     response = as_user(operator).post(f"/p/alpha/resumes/{resume.pk}/cancel/")
     assert response.status_code == 302
