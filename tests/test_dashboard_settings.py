@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -119,6 +120,8 @@ def test_the_last_admin_cannot_be_removed_or_demoted(project, admin):
     membership.role = "viewer"
     with pytest.raises(LastAdmin):
         membership.save()
+    with pytest.raises(ValidationError, match="last admin"):
+        membership.full_clean()  # the Django admin's form says so too
     client = as_user(admin)
     url = f"/p/alpha/settings/members/{membership.pk}/"
     page = client.post(url + "remove/", follow=True).content.decode()

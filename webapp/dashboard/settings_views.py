@@ -6,6 +6,8 @@ audit Event."""
 
 from __future__ import annotations
 
+import time
+
 from django import forms
 from django.conf import settings
 from django.contrib import messages
@@ -197,6 +199,8 @@ def _settings_context(request, **extra) -> dict:
     return {"project": request.project, "access": request.access, **extra}
 
 
+# A secret left in the session (the page after the redirect never came) is not shown later.
+NEW_TOKEN_SHOWN_FOR_S = 300
 NEW_TOKEN_KEY = "lifeboat.new_token"  # noqa: S105 (a session key, not a secret)
 
 
@@ -228,11 +232,12 @@ def tokens(request):
                 "project": request.project.pk,
                 "token": token.pk,
                 "secret": secret,
+                "until": time.time() + NEW_TOKEN_SHOWN_FOR_S,
             }
             return redirect("dashboard:settings-tokens", request.project.slug)
     created = None
     shown = request.session.pop(NEW_TOKEN_KEY, None) if request.method == "GET" else None
-    if shown and shown.get("project") == request.project.pk:
+    if shown and shown.get("project") == request.project.pk and shown.get("until", 0) > time.time():
         token = request.project.tokens.filter(pk=shown["token"]).first()
         if token is not None:
             created = {"token": token, "secret": shown["secret"]}

@@ -145,6 +145,14 @@ class Membership(models.Model):
                 self._refuse_if_last_admin()
             return super().delete(*args, **kwargs)
 
+    def clean(self) -> None:
+        # The same rule for model forms (the Django admin), as a form error, not a 500.
+        if self.pk is not None and self.role != Role.ADMIN:
+            was = Membership.objects.filter(pk=self.pk).values_list("role", flat=True)
+            others = Membership.objects.filter(project_id=self.project_id, role=Role.ADMIN)
+            if list(was) == [Role.ADMIN] and not others.exclude(pk=self.pk).exists():
+                raise LastAdmin({"role": f"{self.user} is the last admin of {self.project}."})
+
     def _refuse_if_last_admin(self) -> None:
         """A project keeps at least one admin: without one nobody could manage its
         members, tokens or storage. The project's row is locked first, so two admins
