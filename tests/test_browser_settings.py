@@ -192,3 +192,33 @@ def test_settings_and_checkpoint_pages_hold_at_800_pixels(
     page.get_by_label("Command template").fill("echo '{{run_key}}'")
     expect(page.locator("#preview-refusal")).to_contain_text("single quotes")
     shots("800-preview", page)
+
+
+def test_sort_headers_toggle_and_the_tag_filter_applies_while_typing(page, web, project, shots):
+    from django.utils import timezone
+    from playwright.sync_api import expect
+
+    from webapp.domain.models import Run
+
+    person(project, "vera", "viewer")
+    now = timezone.now()
+    for n in (3, 28, 29, 30):
+        Run.objects.create(
+            project=project, key=f"run-{n}", last_seen_at=now, tags=["odd" if n % 2 else "even"]
+        )
+    sign_in(page, web, "vera")
+    page.goto(f"{web.url}/p/alpha/")
+    keys = "#run-list tbody tr td:first-child > a"
+    header = page.locator("#run-list th a").first
+    header.click()
+    expect(header).to_have_text("Run ↑")
+    expect(page.locator(keys)).to_have_text(["run-3", "run-28", "run-29", "run-30"])
+    shots("name-ascending", page)
+    page.locator("#run-list th a").first.click()
+    expect(page.locator("#run-list th a").first).to_have_text("Run ↓")
+    expect(page.locator(keys)).to_have_text(["run-30", "run-29", "run-28", "run-3"])
+    # Typing a tag filters without Enter (htmx, after 300 ms); the sort stays.
+    page.get_by_label("Tag").press_sequentially("odd")
+    expect(page.locator(keys)).to_have_text(["run-29", "run-3"])
+    assert "tag=odd" in page.url and "dir=desc" in page.url
+    shots("tag-typed", page)
