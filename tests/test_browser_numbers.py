@@ -21,8 +21,8 @@ from tests.test_browser import person, sign_in
 from webapp.domain.models import Checkpoint, MetricPoint, Run
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-# The browser, a page and screenshots, as tests/test_browser.py gives them.
-browser, page, shots = test_browser.browser, test_browser.page, test_browser.shots
+# A page and screenshots as tests/test_browser.py gives them; the browser is conftest.py's.
+page, shots = test_browser.page, test_browser.shots
 RAW_FLOAT = re.compile(r"\d\.\d{6,}")
 
 

@@ -238,8 +238,10 @@ def test_settings_are_for_admins_only(project, viewer, operator, admin, path):
 
 def test_a_token_is_shown_once_then_only_its_prefix(project, admin):
     client = as_user(admin)
-    response = client.post("/p/alpha/settings/tokens/", {"name": "trainer", "scopes": ["ingest"]})
-    assert response.status_code == 200
+    response = client.post(
+        "/p/alpha/settings/tokens/", {"name": "trainer", "scopes": ["ingest"]}, follow=True
+    )
+    assert response.redirect_chain == [("/p/alpha/settings/tokens/", 302)]
     assert response["Cache-Control"] == "no-store"
     token = ApiToken.objects.get(name="trainer")
     html = response.content.decode()

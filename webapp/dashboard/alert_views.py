@@ -13,7 +13,7 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -115,7 +115,7 @@ def alerts(request):
             )
             messages.success(request, f"Alert channel {channel.name} is added.")
             return redirect("dashboard:settings-alerts", request.project.slug)
-    channels = request.project.alert_channels.order_by("name")
+    channels = request.project.alert_channels.annotate(sent=Count("notifications")).order_by("name")
     flips = (
         Flip.objects.filter(project=request.project)
         .select_related("run")

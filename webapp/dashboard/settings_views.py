@@ -6,14 +6,16 @@ audit Event."""
 
 from __future__ import annotations
 
-import json
-import re
+import time
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -23,9 +25,11 @@ from webapp.domain.models import ApiToken, Event, LaunchProfile, StorageTarget
 from webapp.domain.models.projects import Role, Scope
 
 
-def audit(request, type_: str, message: str, **data) -> None:
+def audit(request, type_: str, message: str, *, run=None, step=None, **data) -> None:
     Event.objects.create(
         project=request.project,
+        run=run,
+        step=step,
         type=type_,
         time=timezone.now(),
         actor=actor_of(request),
@@ -48,7 +52,7 @@ class StorageTargetForm(forms.ModelForm):
     endpoint_url = forms.URLField(
         required=False,
         assume_scheme="https",
-        help_text="Empty for the deployment's own store (AWS S3 if it has none).",
+        help_text="Empty for the deployment's own store.",
     )
 
     class Meta:
@@ -58,6 +62,9 @@ class StorageTargetForm(forms.ModelForm):
     def __init__(self, *args, project, **kwargs):
         super().__init__(*args, **kwargs)
         self.project = project
+        self.fields["endpoint_url"].help_text = "Empty for the deployment's own store: " + (
+            settings.S3_ENDPOINT_URL or "AWS S3"
+        )
         granted = storage_access.refs_for(project.slug)
         self.fields["credentials_ref"].help_text = (
             "Granted to this project by the deployment's administrator: "
@@ -83,35 +90,157 @@ class StorageTargetForm(forms.ModelForm):
 
 
 class LaunchProfileForm(forms.ModelForm):
+    """The command template and the two options the launcher reads (docs/slurm.md):
+    `workdir`, where the job starts, and `env`, extra variables for the job."""
+
+    workdir = forms.CharField(
+        required=False,
+        max_length=1000,
+        help_text="Where the job starts (an absolute path on the launch host). "
+        "Empty: the Lifeboat checkout.",
+    )
+    env = forms.CharField(
+        label="Environment",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        help_text="Extra variables for the job, one NAME=value a line.",
+    )
+
     class Meta:
         model = LaunchProfile
         fields = ["name", "kind", "host", "command_template"]
-        widgets = {"command_template": forms.Textarea(attrs={"rows": 3})}
+        widgets = {
+            "command_template": forms.Textarea(
+                attrs={
+                    "rows": 4,
+                    "spellcheck": "false",
+                    "hx-trigger": "input changed delay:300ms, load",
+                    "hx-target": "#profile-preview",
+                    "hx-include": "this",
+                }
+            )
+        }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        options = self.instance.options or {}
+        self.fields["workdir"].initial = options.get("workdir", "")
+        self.fields["env"].initial = "\n".join(
+            f"{k}={v}" for k, v in (options.get("env") or {}).items()
+        )
+
+    def clean_workdir(self):
+        workdir = (self.cleaned_data.get("workdir") or "").strip()
+        if workdir and not workdir.startswith("/"):
+            raise ValidationError("Give an absolute path, like /scratch/alice/project.")
+        return workdir
+
+    def clean_env(self):
+        from webapp.domain.launch.job_env import _NAME
+
+        env = {}
+        for number, line in enumerate((self.cleaned_data.get("env") or "").splitlines(), 1):
+            if not line.strip():
+                continue
+            name, sep, value = line.partition("=")
+            name = name.strip()
+            if not sep or not _NAME.match(name):
+                raise ValidationError(
+                    f"Line {number}: write NAME=value, NAME of letters, digits and _."
+                )
+            if "\0" in value:
+                raise ValidationError(f"Line {number}: a value cannot hold a NUL byte.")
+            env[name] = value
+        return env
+
+    def save(self, commit=True):
+        options = dict(self.instance.options or {})
+        for key in ("workdir", "env"):
+            if self.cleaned_data.get(key):
+                options[key] = self.cleaned_data[key]
+            else:
+                options.pop(key, None)
+        self.instance.options = options
+        return super().save(commit=commit)
+
+
+# What the preview puts in each placeholder's variable: plausible, not real.
+SAMPLE_VALUES = {
+    "checkpoint_path": "/data/ckpt/run-3/step-1200.pt",
+    "checkpoint_dir": "/data/ckpt/run-3",
+    "checkpoint_id": 4711,
+    "step": 1200,
+    "run_key": "run-3",
+    "new_run_key": "run-3-r1",
+    "resume_id": 17,
+}
+
+
+def placeholder_rows() -> list[dict]:
+    """Each placeholder the launcher knows, the variable that carries it to the job, and
+    the sample value the preview uses."""
+    from webapp.domain.launch import template
+
+    return [
+        {"name": name, "variable": template.env_name(name), "sample": SAMPLE_VALUES[name]}
+        for name in template.NAMES
+    ]
+
+
+def profile_form(request, **kwargs) -> LaunchProfileForm:
+    form = LaunchProfileForm(request.POST or None, **kwargs)
+    form.fields["command_template"].widget.attrs["hx-post"] = reverse(
+        "dashboard:settings-profile-preview", args=[request.project.slug]
+    )
+    return form
 
 
 def _settings_context(request, **extra) -> dict:
     return {"project": request.project, "access": request.access, **extra}
 
 
+# A secret left in the session (the page after the redirect never came) is not shown later.
+NEW_TOKEN_SHOWN_FOR_S = 300
+NEW_TOKEN_KEY = "lifeboat.new_token"  # noqa: S105 (a session key, not a secret)
+
+
 @require_http_methods(["GET", "POST"])
 @project_view(Role.ADMIN)
 def tokens(request):
+    """Post/redirect/get: the POST creates the token and puts its secret in the session;
+    the GET after the redirect takes it out and shows it, once. A reload shows the page
+    without the secret and creates nothing."""
     form = TokenForm(request.POST or None)
-    created = None
     if request.method == "POST" and form.is_valid():
-        token, secret = request.project.issue_token(
-            form.cleaned_data["name"], form.cleaned_data["scopes"], created_by=request.user
-        )
-        audit(
-            request,
-            "token.created",
-            f"token {token.name!r} ({token.prefix}…) created with {', '.join(token.scopes)}",
-            token=token.pk,
-        )
-        # The secret is in this one response and nowhere else; no redirect, so that a
-        # reload does not show it again (the browser asks before re-posting).
-        created = {"token": token, "secret": secret}
-        form = TokenForm()
+        try:
+            with transaction.atomic():
+                token, secret = request.project.issue_token(
+                    form.cleaned_data["name"], form.cleaned_data["scopes"], created_by=request.user
+                )
+        except IntegrityError:
+            form.add_error(
+                "name", "A token in use already has this name: choose another or revoke it."
+            )
+        else:
+            audit(
+                request,
+                "token.created",
+                f"token {token.name!r} ({token.prefix}…) created with {', '.join(token.scopes)}",
+                token=token.pk,
+            )
+            request.session[NEW_TOKEN_KEY] = {
+                "project": request.project.pk,
+                "token": token.pk,
+                "secret": secret,
+                "until": time.time() + NEW_TOKEN_SHOWN_FOR_S,
+            }
+            return redirect("dashboard:settings-tokens", request.project.slug)
+    created = None
+    shown = request.session.pop(NEW_TOKEN_KEY, None) if request.method == "GET" else None
+    if shown and shown.get("project") == request.project.pk and shown.get("until", 0) > time.time():
+        token = request.project.tokens.filter(pk=shown["token"]).first()
+        if token is not None:
+            created = {"token": token, "secret": shown["secret"]}
     token_list = request.project.tokens.order_by("revoked_at", "-created_at").select_related(
         "created_by"
     )
@@ -120,7 +249,7 @@ def tokens(request):
         "dashboard/settings_tokens.html",
         _settings_context(request, form=form, tokens=token_list, created=created, tab="tokens"),
     )
-    response["Cache-Control"] = "no-store"
+    response["Cache-Control"] = "no-store"  # the secret must not stay in a cache
     return response
 
 
@@ -168,7 +297,13 @@ def storage_targets(request):
             )
             messages.success(request, f"Storage target {target.name} is added.")
             return redirect("dashboard:settings-storage", request.project.slug)
-    targets = request.project.storage_targets.order_by("name")
+    targets = list(
+        request.project.storage_targets.annotate(replica_count=Count("replicas")).order_by("name")
+    )
+    for target in targets:
+        # Where the copies really go: the target's own endpoint, else the deployment's.
+        target.shown_endpoint = target.endpoint_url or settings.S3_ENDPOINT_URL
+        target.endpoint_is_default = not target.endpoint_url
     return render(
         request,
         "dashboard/settings_storage.html",
@@ -179,7 +314,7 @@ def storage_targets(request):
 @require_http_methods(["GET", "POST"])
 @project_view(Role.ADMIN)
 def launch_profiles(request):
-    form = LaunchProfileForm(request.POST or None)
+    form = profile_form(request)
     if request.method == "POST" and form.is_valid():
         profile = _create_in_project(request, form, "A launch profile")
         if profile is not None:
@@ -191,7 +326,7 @@ def launch_profiles(request):
             )
             messages.success(request, f"Launch profile {profile.name} is added.")
             return redirect("dashboard:settings-profiles", request.project.slug)
-    profiles = list(request.project.launch_profiles.order_by("name"))
+    profiles = list(request.project.launch_profiles.annotate(used=Count("resume")).order_by("name"))
     for profile in profiles:
         # A profile saved before templates were checked: say so, it will not launch.
         try:
@@ -201,193 +336,12 @@ def launch_profiles(request):
     return render(
         request,
         "dashboard/settings_profiles.html",
-        _settings_context(request, form=form, profiles=profiles, tab="profiles"),
-    )
-
-
-@project_view(Role.ADMIN)
-def audit_log(request):
-    events = (
-        Event.objects.filter(project=request.project)
-        .exclude(actor="")
-        .filter(actor__startswith="user:")
-        .select_related("run")
-        .order_by("-received_at", "-id")[:200]
-    )
-    return render(
-        request,
-        "dashboard/settings_audit.html",
-        _settings_context(request, events=events, tab="audit"),
-    )
-
-
-# --- Recovery: quota, automatic resume, restore-test levels ------------------------------
-
-RESTORE_CHECK_KEYS = ("forward", "replay", "replay_steps", "replay_rtol", "replay_metric", "file")
-
-
-def clean_restore_checks(text: str) -> dict:
-    """The project's restore_checks: a JSON object with only the known keys, each of the
-    right type (docs/restore.md, "Deeper levels")."""
-    text = (text or "").strip()
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValidationError(
-            f"Not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
-        ) from None
-    if not isinstance(value, dict):
-        raise ValidationError('It must be a JSON object, like {"forward": "pkg.mod:fn"}.')
-    unknown = sorted(set(value) - set(RESTORE_CHECK_KEYS))
-    if unknown:
-        raise ValidationError(
-            f"Unknown key {unknown[0]!r}; the keys are {', '.join(RESTORE_CHECK_KEYS)}."
-        )
-    for key in ("forward", "replay"):
-        if key in value and not (
-            isinstance(value[key], str) and re.fullmatch(r"[\w.]+:\w+", value[key])
-        ):
-            raise ValidationError(f'{key} must name a function as "package.module:function".')
-    for key in ("replay_metric", "file"):
-        if key in value and not (isinstance(value[key], str) and value[key]):
-            raise ValidationError(f"{key} must be a non-empty string.")
-    if "file" in value:
-        from webapp.domain.confined_files import Refused, relative_parts
-
-        try:
-            relative_parts(value["file"], "file")
-        except Refused as exc:
-            raise ValidationError(f"{exc}: it names one of the checkpoint's files.") from None
-    steps = value.get("replay_steps")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ValidationError("replay_steps must be a whole number of at least 1.")
-    rtol = value.get("replay_rtol")
-    if rtol is not None and (
-        isinstance(rtol, bool) or not isinstance(rtol, int | float) or not 0 <= rtol < 1
-    ):
-        raise ValidationError("replay_rtol must be a number from 0 to 1, like 1e-4.")
-    return value
-
-
-class RecoveryForm(forms.Form):
-    storage_quota_gib = forms.DecimalField(
-        label="Storage quota (GiB)",
-        required=False,
-        min_value=0,
-        decimal_places=3,
-        help_text="Alert (storage.over_quota) when the project's checkpoints keep more. "
-        "Empty: no quota.",
-    )
-    auto_resume_profile = forms.ModelChoiceField(
-        queryset=LaunchProfile.objects.none(),
-        required=False,
-        empty_label="Off: never resume automatically",
-        help_text="Failed or silent runs are resumed from their latest verified checkpoint "
-        "with this profile.",
-    )
-    max_restarts = forms.IntegerField(
-        min_value=0,
-        max_value=100,
-        help_text="At most this many automatic resumes along one lineage.",
-    )
-    restore_checks = forms.CharField(
-        required=False,
-        widget=forms.Textarea(attrs={"rows": 5, "cols": 70, "spellcheck": "false"}),
-        help_text='Deeper restore-test levels, e.g. {"forward": "examples.digits_checks:forward", '
-        '"replay": "examples.digits_checks:replay", "replay_steps": 5, "replay_rtol": 1e-4}. '
-        "Keys: " + ", ".join(RESTORE_CHECK_KEYS) + ".",
-    )
-
-    def __init__(self, *args, project, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["auto_resume_profile"].queryset = project.launch_profiles.order_by("name")
-
-    def clean_restore_checks(self):
-        return clean_restore_checks(self.cleaned_data.get("restore_checks", ""))
-
-
-GIB = 1024**3
-
-
-@require_http_methods(["GET", "POST"])
-@project_view(Role.ADMIN)
-def recovery(request):
-    """The storage quota, automatic resume and the restore tests' deeper levels. Each
-    field that changes is one audit Event, with the old and the new value."""
-    project = request.project
-    initial = {
-        "storage_quota_gib": (
-            round(project.storage_quota_bytes / GIB, 3)
-            if project.storage_quota_bytes is not None
-            else None
+        _settings_context(
+            request,
+            form=form,
+            profiles=profiles,
+            placeholders=placeholder_rows(),
+            preview=True,
+            tab="profiles",
         ),
-        "auto_resume_profile": project.auto_resume_profile_id,
-        "max_restarts": project.max_restarts,
-        "restore_checks": json.dumps(project.restore_checks, indent=2)
-        if project.restore_checks
-        else "",
-    }
-    form = RecoveryForm(request.POST or None, initial=initial, project=project)
-    if request.method == "POST" and form.is_valid():
-        data = form.cleaned_data
-        quota = data["storage_quota_gib"]
-        profile = data["auto_resume_profile"]
-        new = {
-            "storage_quota_bytes": int(quota * GIB) if quota is not None else None,
-            "auto_resume_profile": profile.name if profile else None,
-            "max_restarts": data["max_restarts"],
-            "restore_checks": data["restore_checks"],
-        }
-        old = {
-            "storage_quota_bytes": project.storage_quota_bytes,
-            "auto_resume_profile": project.auto_resume_profile.name
-            if project.auto_resume_profile_id
-            else None,
-            "max_restarts": project.max_restarts,
-            "restore_checks": project.restore_checks,
-        }
-        changed = [name for name in new if new[name] != old[name]]
-        if changed:
-            with transaction.atomic():
-                project.storage_quota_bytes = new["storage_quota_bytes"]
-                project.auto_resume_profile = profile
-                project.max_restarts = new["max_restarts"]
-                project.restore_checks = new["restore_checks"]
-                project.save(
-                    update_fields=[
-                        "storage_quota_bytes",
-                        "auto_resume_profile",
-                        "max_restarts",
-                        "restore_checks",
-                    ]
-                )
-                for name in changed:
-                    audit(
-                        request,
-                        f"project.{name}_changed",
-                        f"{name.replace('_', ' ')}: {_shown(old[name])} → {_shown(new[name])}",
-                        setting=name,
-                        old=old[name],
-                        new=new[name],
-                    )
-            messages.success(
-                request, "Saved: " + ", ".join(n.replace("_", " ") for n in changed) + "."
-            )
-        else:
-            messages.info(request, "Nothing changed.")
-        return redirect("dashboard:settings-recovery", project.slug)
-    return render(
-        request,
-        "dashboard/settings_recovery.html",
-        _settings_context(request, form=form, tab="recovery"),
     )
-
-
-def _shown(value) -> str:
-    if value is None or value == {}:
-        return "none"
-    if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)
-    return str(value)

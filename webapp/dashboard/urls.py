@@ -1,6 +1,17 @@
 from django.urls import path, re_path
 
-from webapp.dashboard import alert_views, badge_views, recovery_views, settings_views, views
+from webapp.dashboard import (
+    alert_views,
+    audit_views,
+    badge_views,
+    members_views,
+    recovery_settings_views,
+    recovery_views,
+    resume_views,
+    settings_edit_views,
+    settings_views,
+    views,
+)
 
 app_name = "dashboard"
 urlpatterns = [
@@ -60,8 +71,65 @@ urlpatterns = [
         alert_views.alert_channel_enabled,
         name="settings-alert-enabled",
     ),
-    path("p/<slug:slug>/settings/recovery/", settings_views.recovery, name="settings-recovery"),
-    path("p/<slug:slug>/settings/audit/", settings_views.audit_log, name="settings-audit"),
+    path(
+        "p/<slug:slug>/settings/recovery/",
+        recovery_settings_views.recovery,
+        name="settings-recovery",
+    ),
+    # Members, editing and deleting (webapp/dashboard/members_views.py,
+    # webapp/dashboard/settings_edit_views.py).
+    path("p/<slug:slug>/settings/members/", members_views.members, name="settings-members"),
+    path(
+        "p/<slug:slug>/settings/members/<int:membership_id>/role/",
+        members_views.member_role,
+        name="settings-member-role",
+    ),
+    path(
+        "p/<slug:slug>/settings/members/<int:membership_id>/remove/",
+        members_views.member_remove,
+        name="settings-member-remove",
+    ),
+    path(
+        "p/<slug:slug>/settings/storage/<int:target_id>/",
+        settings_edit_views.storage_target_edit,
+        name="settings-storage-edit",
+    ),
+    path(
+        "p/<slug:slug>/settings/storage/<int:target_id>/delete/",
+        settings_edit_views.storage_target_delete,
+        name="settings-storage-delete",
+    ),
+    path(
+        "p/<slug:slug>/settings/launch-profiles/preview/",
+        settings_edit_views.launch_profile_preview,
+        name="settings-profile-preview",
+    ),
+    path(
+        "p/<slug:slug>/settings/launch-profiles/<int:profile_id>/",
+        settings_edit_views.launch_profile_edit,
+        name="settings-profile-edit",
+    ),
+    path(
+        "p/<slug:slug>/settings/launch-profiles/<int:profile_id>/delete/",
+        settings_edit_views.launch_profile_delete,
+        name="settings-profile-delete",
+    ),
+    path(
+        "p/<slug:slug>/settings/alerts/<int:channel_id>/edit/",
+        settings_edit_views.alert_channel_edit,
+        name="settings-alert-edit",
+    ),
+    path(
+        "p/<slug:slug>/settings/alerts/<int:channel_id>/delete/",
+        settings_edit_views.alert_channel_delete,
+        name="settings-alert-delete",
+    ),
+    path(
+        "p/<slug:slug>/resumes/<int:resume_id>/cancel/",
+        resume_views.resume_cancel,
+        name="resume-cancel",
+    ),
+    path("p/<slug:slug>/settings/audit/", audit_views.audit_log, name="settings-audit"),
     # Badges: no sign-in; the badge key is the secret. Run keys and tags may hold "/".
     re_path(
         r"^badge/(?P<badge_key>[A-Za-z0-9_-]+)\.(?P<fmt>svg|json)$",

@@ -10,7 +10,7 @@ import contextlib
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import F, Q
+from django.db.models import Q
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -22,6 +22,7 @@ from django_htmx.http import HttpResponseStopPolling
 
 from webapp.dashboard import charts
 from webapp.dashboard.access import actor_of, project_view, visible_projects
+from webapp.dashboard.run_sorting import RUN_SORTS, pager_labels, run_ordering, sort_and_direction
 from webapp.domain.models import Checkpoint, Run, Validation
 from webapp.domain.models.checkpoints import CheckpointActionRefused, CheckpointStatus
 from webapp.domain.models.projects import Role
@@ -43,14 +44,6 @@ METRIC_CHARTS = 4
 # fragment carries n+1 in its next URL, and the last answer is 286 (htmx stops).
 POLL_FIRST_MS, POLL_FACTOR, POLL_MAX_MS = 1000, 1.5, 10_000
 
-RUN_SORTS = {
-    "activity": ("-last_seen_at", "-id"),
-    "name": ("name", "key"),
-    "status": ("status", "-last_seen_at"),
-    "step": (F("last_step").desc(nulls_last=True), "-id"),
-    "age": (F("last_checkpoint_at").asc(nulls_last=True), "-id"),
-    "storage": ("-storage_bytes", "-id"),
-}
 STATUS_FILTERS = [(s.value, s.label) for s in RunStatus] + [
     (Health.UP.value, "Up"),
     (Health.LATE.value, "Late"),
@@ -91,9 +84,7 @@ def runs(request):
     q = request.GET.get("q", "").strip()
     tag = request.GET.get("tag", "").strip()
     status = request.GET.get("status", "")
-    sort = request.GET.get("sort", "activity")
-    if sort not in RUN_SORTS:
-        sort = "activity"
+    sort, direction = sort_and_direction(request)
     run_list = Run.objects.filter(project=project).with_dashboard_stats().with_health()
     if q:
         run_list = run_list.filter(Q(name__icontains=q) | Q(key__icontains=q))
@@ -105,7 +96,7 @@ def runs(request):
         run_list = run_list.filter(health=status)
     else:
         status = ""
-    page = Paginator(run_list.order_by(*RUN_SORTS[sort]), RUNS_PER_PAGE).get_page(
+    page = Paginator(run_list.order_by(*run_ordering(sort, direction)), RUNS_PER_PAGE).get_page(
         page_number(request)
     )
     filtered = bool(q or tag or status)
@@ -120,6 +111,8 @@ def runs(request):
         "tag": tag,
         "status": status,
         "sort": sort,
+        "direction": direction,
+        "pager_labels": pager_labels(sort, direction),
         "sorts": list(RUN_SORTS),
         "status_filters": STATUS_FILTERS,
         "filtered": filtered,

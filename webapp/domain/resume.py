@@ -144,6 +144,16 @@ def enqueue_launch(resume_id: int, queue: str) -> None:
     launch_resume.apply_async((resume_id,), queue=queue)
 
 
+def enqueue_cancel(resume) -> None:
+    """Ask the launch host to stop the resume's job (cancel() runs there, where the
+    process or Slurm's client lives), on the queue its launch used: what the API's
+    POST /resumes/{id}/cancel queues."""
+    from workers.launch import cancel_resume
+
+    queue = queue_for(resume.profile) if resume.profile_id else "launch"
+    cancel_resume.apply_async((resume.pk,), queue=queue)
+
+
 def _set(resume, **fields) -> None:
     """Save these fields; a final status also revokes the job's token."""
     for name, value in fields.items():

@@ -13,18 +13,32 @@ register = template.Library()
 
 @register.simple_tag(takes_context=True)
 def sort_link(context, key: str, label: str):
-    """A column header that sorts by `key`, keeping the other filters."""
+    """A column header that sorts by `key`, keeping the other filters. On the current
+    sort it reverses the direction; the arrow says the direction shown: ↑ ascending,
+    ↓ descending."""
+    from webapp.dashboard.run_sorting import RUN_SORTS
+
     request = context["request"]
     query = request.GET.copy()
     query["sort"] = key
     query.pop("page", None)
+    query.pop("dir", None)
     current = context.get("sort") == key
+    direction = context.get("direction") if current else None
+    if current:
+        query["dir"] = "asc" if direction == "desc" else "desc"
+    words = {"asc": "ascending", "desc": "descending"}
     return format_html(
-        '<a href="?{}"{}>{}{}</a>',
+        '<a href="?{}"{} title="{}">{}{}</a>',
         query.urlencode(),
-        ' aria-current="true" class="sorted"' if current else "",
+        format_html(' aria-current="true" class="sorted" data-dir="{}"', direction)
+        if current
+        else "",
+        f"Sorted {words[direction]}; sort {words[query['dir']]}"
+        if current
+        else f"Sort by {label.lower()} ({words[RUN_SORTS[key][1]]})",
         label,
-        " ↓" if current else "",
+        (" ↑" if direction == "asc" else " ↓") if current else "",
     )
 
 

@@ -9,7 +9,7 @@ from pathlib import PurePosixPath
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 TOKEN_PREFIX = "lb_"  # noqa: S105 (a prefix, not a secret)
@@ -131,6 +131,45 @@ class Membership(models.Model):
     def __str__(self) -> str:
         return f"{self.user} in {self.project} ({self.role})"
 
+    def save(self, *args, **kwargs):
+        with transaction.atomic():
+            if self.pk is not None and self.role != Role.ADMIN:
+                was = Membership.objects.filter(pk=self.pk).values_list("role", flat=True)
+                if list(was) == [Role.ADMIN]:
+                    self._refuse_if_last_admin()
+            super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        with transaction.atomic():
+            if Membership.objects.filter(pk=self.pk, role=Role.ADMIN).exists():
+                self._refuse_if_last_admin()
+            return super().delete(*args, **kwargs)
+
+    def clean(self) -> None:
+        # The same rule for model forms (the Django admin), as a form error, not a 500.
+        if self.pk is not None and self.role != Role.ADMIN:
+            was = Membership.objects.filter(pk=self.pk).values_list("role", flat=True)
+            others = Membership.objects.filter(project_id=self.project_id, role=Role.ADMIN)
+            if list(was) == [Role.ADMIN] and not others.exclude(pk=self.pk).exists():
+                raise LastAdmin({"role": f"{self.user} is the last admin of {self.project}."})
+
+    def _refuse_if_last_admin(self) -> None:
+        """A project keeps at least one admin: without one nobody could manage its
+        members, tokens or storage. The project's row is locked first, so two admins
+        demoting each other at once are served one after the other and the second is
+        refused. Call inside a transaction."""
+        list(Project.objects.select_for_update().filter(pk=self.project_id).values("pk"))
+        others = Membership.objects.filter(project_id=self.project_id, role=Role.ADMIN)
+        if not others.exclude(pk=self.pk).exists():
+            raise LastAdmin(
+                f"{self.user} is the last admin of {self.project}: make another member an "
+                "admin first."
+            )
+
+
+class LastAdmin(ValidationError):
+    """Removing or demoting this member would leave the project without an admin."""
+
 
 class ApiToken(models.Model):
     """A bearer token. Only the SHA-256 of the secret is stored: the secret has 256
@@ -148,6 +187,17 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        # Among the tokens in use, a name says which one: a revoked token's name may be
+        # given again (rotating "trainer" keeps the name).
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "name"],
+                condition=models.Q(revoked_at__isnull=True),
+                name="api_token_name_unique",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"

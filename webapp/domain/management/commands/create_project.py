@@ -73,6 +73,12 @@ class Command(BaseCommand):
             self.stdout.write(f"{verb} project {project.slug} (roots: {project.allowed_roots})")
         if no_token:
             return
+        if project.tokens.filter(name=token_name, revoked_at__isnull=True).exists():
+            # Token names are unique among a project's tokens in use (they say which is which).
+            raise CommandError(
+                f"project {project.slug} already has a token named {token_name!r} in use: "
+                "give another --token-name, or --no-token"
+            )
         token, secret = project.issue_token(token_name, scope_list)
         if quiet:
             self.stdout.write(secret)
