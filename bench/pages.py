@@ -43,10 +43,10 @@ BIG_RUN_CHECKPOINTS = 100_000
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def configure(server: str) -> None:
+def configure(server: str, database: str) -> None:
     os.environ.update(
         DJANGO_SETTINGS_MODULE="webapp.settings",
-        DATABASE_URL=f"{server}/{DB_NAME}",
+        DATABASE_URL=f"{server}/{database}",
         DEBUG="0",  # DEBUG would record every query and slow every request
         SECRET_KEY="bench-pages-not-a-secret",  # noqa: S105
         ALLOWED_HOSTS="testserver",
@@ -55,16 +55,18 @@ def configure(server: str) -> None:
     )
 
 
-def create_database(server: str, reuse: bool) -> bool:
+def create_database(server: str, database: str, reuse: bool) -> bool:
     """Returns whether the database must be filled."""
     import psycopg
 
     with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB_NAME]).fetchone()
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", [database]
+        ).fetchone()
         if exists and reuse:
             return False
-        conn.execute(f"DROP DATABASE IF EXISTS {DB_NAME}")
-        conn.execute(f"CREATE DATABASE {DB_NAME}")
+        conn.execute(f'DROP DATABASE IF EXISTS "{database}"')
+        conn.execute(f'CREATE DATABASE "{database}"')
     return True
 
 
@@ -237,18 +239,23 @@ def measure(client, url: str, requests: int, **headers) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", default="postgres://postgres@127.0.0.1:5432")
+    parser.add_argument("--database", default=DB_NAME, help="its own database, dropped unless --reuse")
     parser.add_argument("--reuse", action="store_true", help="keep a filled database")
     parser.add_argument("--requests", type=int, default=40)
     args = parser.parse_args()
 
-    configure(args.server)
-    must_fill = create_database(args.server, args.reuse)
+    configure(args.server, args.database)
+    must_fill = create_database(args.server, args.database, args.reuse)
     import django
 
     django.setup()
     if must_fill:
         figures = fill()
         print(f"filled {figures['checkpoints']:,} checkpoints in {figures['seconds']:.0f} s")
+    else:  # a database filled by an earlier version: bring its schema up to date
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
 
     import types
 
