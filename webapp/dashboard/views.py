@@ -22,6 +22,7 @@ from django_htmx.http import HttpResponseStopPolling
 
 from webapp.dashboard import charts
 from webapp.dashboard.access import actor_of, project_view, visible_projects
+from webapp.domain import run_health
 from webapp.domain.models import Checkpoint, Run, Validation
 from webapp.domain.models.checkpoints import CheckpointActionRefused, CheckpointStatus
 from webapp.domain.models.projects import Role
@@ -102,7 +103,7 @@ def runs(request):
     if status in RunStatus.values:
         run_list = run_list.filter(status=status)
     elif status in (Health.UP, Health.LATE, Health.OVERDUE):
-        run_list = run_list.filter(health=status)
+        run_list = run_health.watched(run_list).filter(health=status)
     else:
         status = ""
     page = Paginator(run_list.order_by(*RUN_SORTS[sort]), RUNS_PER_PAGE).get_page(

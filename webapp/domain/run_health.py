@@ -63,6 +63,18 @@ def annotate(queryset, now=None):
     )
 
 
+def watched(queryset):
+    """Only the runs that can be up, late or overdue (not ended, with an interval): the
+    same rule as annotate()'s first two cases, said as plain conditions, so that a filter
+    on one of those healths skips the other runs before the health of each is computed
+    (the project page filtered to overdue runs, bench/pages.py)."""
+    from webapp.domain.models.runs import RunStatus
+
+    return queryset.exclude(status__in=(RunStatus.FINISHED, RunStatus.FAILED)).filter(
+        expected_interval_s__gt=0
+    )
+
+
 def api_state(health: str) -> str:
     """The API's word for a Health value: ended and unknown runs are not watched."""
     return health if health in ("up", "late", "overdue") else "not_watched"
