@@ -52,6 +52,7 @@ class Chart:
     x_label: str = "step"
     # Some pixel column had more rows than were read (SAMPLE_PER_BUCKET).
     sampled: bool = False
+    sample_limit: int = 0
 
     @property
     def empty(self) -> bool:
@@ -180,6 +181,7 @@ def draw(
     """A Chart from bucket rows: x is the step, y spans the min and max of the values."""
     chart = Chart(title=title, unit=unit, points=count)
     chart.sampled = any(r.get("sampled") for r in rows)
+    chart.sample_limit = SAMPLE_PER_BUCKET
     rows = [r for r in rows if r[f"{name}_lo"] is not None and r[f"{name}_hi"] is not None]
     if not rows:
         return chart
