@@ -69,8 +69,8 @@ def bucket_expression(lo: int, hi: int, buckets: int = BUCKETS):
 
 # At most this many rows are read for each bucket (pixel column) on PostgreSQL: a chart
 # then costs at most BUCKETS * SAMPLE_PER_BUCKET rows, whatever the run's length. Runs
-# with fewer rows per pixel column than this (under about 9,000 points) are drawn exactly.
-SAMPLE_PER_BUCKET = 16
+# with fewer rows per pixel column than this (under about 4,500 points) are drawn exactly.
+SAMPLE_PER_BUCKET = 8
 
 
 def bucket_bounds(lo: int, hi: int, buckets: int = BUCKETS) -> list[tuple[int, int, int]]:
