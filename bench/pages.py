@@ -18,7 +18,7 @@ and, as baselines in the same run: a signed-in page that runs `SELECT 1` and ren
 base template (the fixed cost of a request), and Django admin's changelist of the same
 runs (what Django offers out of the box).
 
-    .venv/bin/python bench/pages.py                 # fill (about 25 s) and measure
+    .venv/bin/python bench/pages.py                 # fill (25 s quiet, 80 s busy), measure
     .venv/bin/python bench/pages.py --reuse         # measure again on the filled database
     .venv/bin/python bench/pages.py --requests 100  # more samples per page
 
