@@ -515,10 +515,11 @@ def fill(project, runs: int, checkpoints: int) -> Run:
 
 # session + user + project with role, then the page's own queries
 PROJECT_PAGE_QUERIES = 3 + 2  # count + one page of runs with every figure annotated
-RUN_PAGE_QUERIES = 3 + 1 + 2 + 1 + 1 + 1 + 1  # run, table (count + page), timeline,
-# resumed-as, resumes, time to recover; the charts come in a request of their own:
+RUN_PAGE_QUERIES = 3 + 1 + 1 + 1 + 1 + 1 + 1  # run (with its checkpoint count, from
+# RunStats), table page, timeline, resumed-as, resumes, time to recover; the charts come in
+# a request of their own:
 CHARTS_QUERIES = 3 + 1 + 2 + 1 + 2  # run, checkpoint bounds + buckets, which metrics, metric
-# bounds + buckets for one metric
+# bounds + buckets for every metric at once
 CHECKPOINT_PAGE_QUERIES = 3 + 1 + 1 + 1 + 1 + 1 + 1  # checkpoint, checks (restore tests
 # too), replicas, resumes, files, launch profiles (tensors are in the row)
 # The analytics: run, checkpoints, the project's running time and failures for the MTBF
@@ -547,7 +548,7 @@ def test_the_run_page_makes_the_same_queries_for_3_or_60_checkpoints(
     with django_assert_num_queries(RUN_PAGE_QUERIES):
         response = client.get("/p/alpha/runs/run-0/")
     assert response.status_code == 200
-    with django_assert_num_queries(3 + 1 + 2):  # the live table alone: run, count, page
+    with django_assert_num_queries(3 + 1 + 1):  # the live table alone: run, page
         client.get("/p/alpha/runs/run-0/", HTTP_HX_REQUEST="true")
     MetricPoint.objects.bulk_create(
         [

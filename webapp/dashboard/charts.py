@@ -1,9 +1,11 @@
 """Server-drawn SVG charts of a value against step, readable at any number of points.
 
 The database does the downsampling: the step range is cut into one bucket per pixel
-column and each bucket gives its min and max (GROUP BY), so a run with 100,000
-checkpoints sends a few hundred rows to Python, and the drawn envelope still shows every
-spike (a plain average or every-nth sample would hide them).
+column and each bucket gives its min and max, so a run with 100,000 checkpoints sends a
+few hundred rows to Python, and the drawn envelope shows the spikes a plain average or
+every-nth sample would hide. On PostgreSQL each bucket reads at most SAMPLE_PER_BUCKET
+rows, so that the page's time does not grow with the run (bench/pages.py): exact up to
+that many rows per pixel column, an envelope of the rows read beyond (Chart.sampled).
 
 Each chart carries its buckets as data too (Chart.data, a json_script in _chart.html):
 static/js/charts.js draws them with uPlot (static/vendor/uplot/), with readable axes,
@@ -66,6 +68,10 @@ class Chart:
     def dom_id(self) -> str:
         return f"chart-data-{slugify(self.title) or 'values'}"
 
+    # Some pixel column had more rows than were read (SAMPLE_PER_BUCKET).
+    sampled: bool = False
+    sample_limit: int = 0
+
     @property
     def empty(self) -> bool:
         return not self.path
@@ -79,34 +85,87 @@ def bucket_expression(lo: int, hi: int, buckets: int = BUCKETS):
     )
 
 
-def min_max_buckets(queryset, value_names: dict[str, object], lo: int, hi: int) -> list[dict]:
-    """Rows {bucket, step_at, <name>_lo, <name>_hi} for each value expression, in order.
+# At most this many rows are read for each bucket (pixel column) on PostgreSQL: a chart
+# then costs at most BUCKETS * SAMPLE_PER_BUCKET rows, whatever the run's length. Runs
+# with fewer rows per pixel column than this (under about 4,500 points) are drawn exactly.
+SAMPLE_PER_BUCKET = 8
 
-    The values are computed once per row in a fenced subquery (OFFSET 0 keeps PostgreSQL
-    from inlining it), then aggregated: written as MIN(expr), MAX(expr), PostgreSQL would
-    evaluate expr twice, and reading a number out of JSON is most of the cost (85 ms
-    against 45 ms for 100,000 metric points in bench/pages.py)."""
+
+def bucket_bounds(lo: int, hi: int, buckets: int = BUCKETS) -> list[tuple[int, int, int]]:
+    """(bucket, first step, step after the last) of each bucket that can hold a step: the
+    same cut as bucket_expression(), for the bucket-by-bucket reads on PostgreSQL."""
+    span = max(hi - lo + 1, 1)
+    bounds = []
+    for bucket in range(buckets):
+        start = lo + -(-bucket * span // buckets)  # ceil
+        stop = lo + -(-(bucket + 1) * span // buckets)
+        if start < stop:
+            bounds.append((bucket, start, stop))
+    return bounds
+
+
+def min_max_buckets(queryset, value_names: dict[str, object], lo: int, hi: int) -> list[dict]:
+    """Rows {bucket, step_at, <name>_lo, <name>_hi} for each value expression, in order;
+    one query for all the values.
+
+    PostgreSQL: bucket by bucket, each an index range scan of at most SAMPLE_PER_BUCKET
+    rows (the first ones of the bucket): the time is bounded whatever the number of rows
+    (100,000 metric points cost 45-95 ms read whole, bench/pages.py). A bucket with more
+    rows than that shows the range of the rows read, not of all (`sampled` in the rows).
+    Elsewhere (SQLite: development and tests) every row, grouped."""
     columns = {
         f"v_{name}": F(expression) if isinstance(expression, str) else expression
         for name, expression in value_names.items()
     }
+    aggregates = ", ".join(
+        f"MIN(v_{name}) AS {name}_lo, MAX(v_{name}) AS {name}_hi" for name in value_names
+    )
+    if connection.vendor == "postgresql":
+        return _sampled_buckets(queryset, columns, aggregates, lo, hi)
     inner = (
         queryset.order_by()
         .annotate(bucket=bucket_expression(lo, hi), **columns)
         .values("bucket", "step", *columns)
     )
     sql, params = inner.query.sql_with_params()
-    fence = " OFFSET 0" if connection.vendor == "postgresql" else ""
-    aggregates = ", ".join(
-        f"MIN(v_{name}) AS {name}_lo, MAX(v_{name}) AS {name}_hi" for name in value_names
-    )
     # Only the ORM's own SQL and our identifiers are formatted in; values are params.
     outer = (
         f"SELECT bucket, MIN(step) AS step_at, {aggregates} "  # noqa: S608
-        f"FROM ({sql}{fence}) AS points GROUP BY bucket ORDER BY bucket"
+        f"FROM ({sql}) AS points GROUP BY bucket ORDER BY bucket"
     )
+    return _fetch(outer, params)
+
+
+def _sampled_buckets(queryset, columns, aggregates, lo, hi) -> list[dict]:
+    """The values are computed once per row in the inner query, then aggregated: written
+    as MIN(expr), MAX(expr), PostgreSQL would evaluate expr twice, and reading a number
+    out of JSON is most of the cost."""
+    from django.db.models.expressions import RawSQL
+
+    bounds = bucket_bounds(lo, hi)
+    inner = (
+        queryset.filter(step__gte=RawSQL("b.start", ()), step__lt=RawSQL("b.stop", ()))
+        .annotate(**columns)
+        .order_by("step")
+        .values("step", *columns)[:SAMPLE_PER_BUCKET]
+    )
+    sql, params = inner.query.sql_with_params()
+    outer = (
+        f"SELECT b.bucket, s.* FROM unnest(%s::int[], %s::bigint[], %s::bigint[]) "  # noqa: S608
+        f"AS b(bucket, start, stop) CROSS JOIN LATERAL ("
+        f"SELECT MIN(step) AS step_at, COUNT(*) AS n, {aggregates} FROM ({sql}) AS points"
+        f") AS s WHERE s.n > 0 ORDER BY b.bucket"
+    )
+    rows = _fetch(outer, ([b for b, _, _ in bounds], [s for _, s, _ in bounds],
+                          [e for _, _, e in bounds], *params))  # fmt: skip
+    for row in rows:
+        row["sampled"] = row.pop("n") >= SAMPLE_PER_BUCKET
+    return rows
+
+
+def _fetch(sql: str, params) -> list[dict]:
     with connection.cursor() as cursor:
-        cursor.execute(outer, params)
+        cursor.execute(sql, params)
         names = [c[0] for c in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
@@ -144,6 +203,8 @@ def draw(
 ) -> Chart:
     """A Chart from bucket rows: x is the step, y spans the min and max of the values."""
     chart = Chart(title=title, unit=unit, points=count)
+    chart.sampled = any(r.get("sampled") for r in rows)
+    chart.sample_limit = SAMPLE_PER_BUCKET
     rows = [r for r in rows if r[f"{name}_lo"] is not None and r[f"{name}_hi"] is not None]
     if not rows:
         return chart
@@ -185,6 +246,8 @@ def draw(
     chart.y_ticks = [(y_of(v), fmt(v)) for v in (y_lo, (y_lo + y_hi) / 2, y_hi)]
     chart.x_ticks = [(x_of(s), f"{int(s):,}") for s in sorted({lo, (lo + hi) // 2, hi})]
     chart.summary = f"{title}: from {fmt(y_lo)} to {fmt(y_hi)} over steps {lo:,} to {hi:,}"
+    if chart.sampled:
+        chart.summary += f" (at most {SAMPLE_PER_BUCKET} points read per pixel column)"
     return chart
 
 
@@ -254,8 +317,8 @@ def mark_resumes(chart: Chart, resumes: list[int], lo: int, hi: int) -> None:
 
 
 def run_charts(run, metric_keys: list[str]) -> list[Chart]:
-    """Checkpoint size and save time, then each metric, against step: 2 + 2 per metric
-    queries, whatever the number of rows."""
+    """Checkpoint size and save time, then each metric, against step: 4 queries,
+    whatever the number of rows and metrics."""
     from webapp.domain.models.checkpoints import CheckpointStatus
 
     charts = []
@@ -277,9 +340,11 @@ def run_charts(run, metric_keys: list[str]) -> list[Chart]:
         bounds = points.order_by().aggregate(lo=Min("step"), hi=Max("step"))
         if bounds["lo"] is not None:
             lo, hi = bounds["lo"], bounds["hi"]
-            for key in metric_keys:
-                rows = min_max_buckets(points, {"v": metric_value(key)}, lo, hi)
-                chart = draw(key, rows, "v", lo, hi, short_number, count=len(rows))
+            # Every metric from one read of the rows: the JSON is the cost.
+            names = {f"m{i}": metric_value(key) for i, key in enumerate(metric_keys)}
+            rows = min_max_buckets(points, names, lo, hi)
+            for name, key in zip(names, metric_keys, strict=True):
+                chart = draw(key, rows, name, lo, hi, short_number, count=len(rows))
                 mark_resumes(chart, resumes, lo, hi)
                 charts.append(chart)
     return charts

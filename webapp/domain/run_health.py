@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import models
-from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When
+from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -34,18 +34,14 @@ def limits(interval):
 def annotate(queryset, now=None):
     """Annotate `health` (a Health value), `health_since` (the newest saved checkpoint's
     time, else the start, else the creation) and `checkpoint_age_s` (seconds since it).
-    Adds `last_checkpoint_at` itself unless the queryset has it already."""
-    from webapp.domain.models.checkpoints import Checkpoint, CheckpointStatus
+    Adds `last_checkpoint_at` itself unless the queryset has it already: from RunStats,
+    which triggers keep (webapp/domain/models/runs.py), so that filtering 10,000 runs by
+    health reads no checkpoint."""
     from webapp.domain.models.runs import Health, RunStatus, SecondsBetween
 
     now = now or timezone.now()
     if "last_checkpoint_at" not in queryset.query.annotations:
-        saved = (
-            Checkpoint.objects.filter(run=OuterRef("pk"))
-            .exclude(status__in=(CheckpointStatus.SAVING, CheckpointStatus.FAILED))
-            .order_by("-step")
-        )
-        queryset = queryset.annotate(last_checkpoint_at=Subquery(saved.values("saved_at")[:1]))
+        queryset = queryset.annotate(last_checkpoint_at=F("stats__last_checkpoint_at"))
     late_after, overdue_after = limits(F("expected_interval_s"))
     return queryset.annotate(
         health_since=Coalesce(F("last_checkpoint_at"), F("started_at"), F("created_at"))
@@ -64,6 +60,18 @@ def annotate(queryset, now=None):
             default=Value(Health.OVERDUE),
             output_field=models.CharField(),
         ),
+    )
+
+
+def watched(queryset):
+    """Only the runs that can be up, late or overdue (not ended, with an interval): the
+    same rule as annotate()'s first two cases, said as plain conditions, so that a filter
+    on one of those healths skips the other runs before the health of each is computed
+    (the project page filtered to overdue runs, bench/pages.py)."""
+    from webapp.domain.models.runs import RunStatus
+
+    return queryset.exclude(status__in=(RunStatus.FINISHED, RunStatus.FAILED)).filter(
+        expected_interval_s__gt=0
     )
 
 

@@ -13,7 +13,7 @@ from webapp.domain.models.projects import (
 )
 from webapp.domain.models.recovery import Replica, Resume, Validation
 from webapp.domain.models.retention import RetentionPolicy
-from webapp.domain.models.runs import Run
+from webapp.domain.models.runs import Run, RunStats
 
 __all__ = [
     "AlertChannel",
@@ -31,6 +31,7 @@ __all__ = [
     "Resume",
     "RetentionPolicy",
     "Run",
+    "RunStats",
     "StorageTarget",
     "Validation",
 ]

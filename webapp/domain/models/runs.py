@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from django.db import connection, models
-from django.db.models import Func, OuterRef, Subquery, Sum, Value
+from django.db.models import F, Func, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -51,25 +51,16 @@ class SecondsBetween(Func):
 
 class RunQuerySet(models.QuerySet):
     def with_dashboard_stats(self):
-        """One row per run with what the project page shows, each from a correlated
-        subquery on an index, so the number of queries does not grow with the rows:
-        last_checkpoint_at (newest saved step), latest_verified_step, storage_bytes
-        (sum of the sizes of checkpoints not deleted) and verified_replicas."""
+        """One row per run with what the project page shows, so the number of queries
+        does not grow with the rows: the totals of with_totals() (last_checkpoint_at,
+        storage_bytes, checkpoint_count), and from a correlated subquery on an index
+        each, computed for the rows shown only, latest_verified_step and
+        verified_replicas."""
         from webapp.domain.models.checkpoints import Checkpoint, CheckpointStatus
         from webapp.domain.models.recovery import Replica, ReplicaStatus
 
         of_run = Checkpoint.objects.filter(run=OuterRef("pk"))
-        saved = of_run.exclude(
-            status__in=(CheckpointStatus.SAVING, CheckpointStatus.FAILED)
-        ).order_by("-step")
         verified = of_run.filter(status=CheckpointStatus.VERIFIED).order_by("-step")
-        storage = (
-            of_run.exclude(status=CheckpointStatus.DELETED)
-            .order_by()
-            .values("run")
-            .annotate(total=Sum("total_size"))
-            .values("total")
-        )
         replicas = (
             Replica.objects.filter(checkpoint__run=OuterRef("pk"), status=ReplicaStatus.VERIFIED)
             .order_by()
@@ -77,14 +68,23 @@ class RunQuerySet(models.QuerySet):
             .annotate(n=models.Count("pk"))
             .values("n")
         )
-        return self.annotate(
-            last_checkpoint_at=Subquery(saved.values("saved_at")[:1]),
+        return self.with_totals().annotate(
             latest_verified_step=Subquery(verified.values("step")[:1]),
-            storage_bytes=Coalesce(
-                Subquery(storage), Value(0), output_field=models.BigIntegerField()
-            ),
             verified_replicas=Coalesce(
                 Subquery(replicas), Value(0), output_field=models.IntegerField()
+            ),
+        )
+
+    def with_totals(self):
+        """last_checkpoint_at, storage_bytes and checkpoint_count from RunStats (one LEFT
+        JOIN, kept by triggers): sorting and filtering on them reads no checkpoint."""
+        return self.annotate(
+            last_checkpoint_at=F("stats__last_checkpoint_at"),
+            storage_bytes=Coalesce(
+                F("stats__storage_bytes"), Value(0), output_field=models.BigIntegerField()
+            ),
+            checkpoint_count=Coalesce(
+                F("stats__checkpoint_count"), Value(0), output_field=models.BigIntegerField()
             ),
         )
 
@@ -167,3 +167,30 @@ class Run(models.Model):
         from webapp.domain.models.checkpoints import CheckpointStatus
 
         return self.checkpoints.filter(status=CheckpointStatus.VERIFIED).order_by("-step").first()
+
+
+class RunStats(models.Model):
+    """Totals of a run's checkpoints, kept by database triggers on domain_checkpoint
+    (migration 0013) in the same transaction as every insert, update and delete of a
+    checkpoint, whoever writes it (the ingest function, bulk SQL, retention, workers):
+    so the project page sorts 10,000 runs by storage, and filters them by health, without
+    summing 1,000,000 checkpoints (docs/benchmarks.md, bench/pages.py).
+
+    A table of its own rather than columns of Run: Run rows are saved whole by Python
+    code that read them earlier, which would write back totals that are out of date, and
+    the ingest path updates Run rows on every event already. Only the triggers write
+    here; a run with no checkpoint yet may have no row (read through Coalesce)."""
+
+    run = models.OneToOneField(
+        Run, on_delete=models.CASCADE, primary_key=True, related_name="stats"
+    )
+    # Sum of total_size of the checkpoints not deleted (what the run keeps on disk).
+    storage_bytes = models.BigIntegerField(default=0)
+    # Every checkpoint row, whatever its status (the run page's table counts these).
+    checkpoint_count = models.BigIntegerField(default=0)
+    # The newest saved checkpoint (status neither saving nor failed): highest step.
+    last_checkpoint_step = models.BigIntegerField(null=True, blank=True)
+    last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"stats of run {self.run_id}"
