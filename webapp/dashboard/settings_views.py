@@ -14,7 +14,6 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import actor_of, project_view
@@ -24,13 +23,8 @@ from webapp.domain.models.projects import Role, Scope
 
 
 def audit(request, type_: str, message: str, **data) -> None:
-    Event.objects.create(
-        project=request.project,
-        type=type_,
-        time=timezone.now(),
-        actor=actor_of(request),
-        message=message,
-        data=data,
+    Event.record(
+        type_, project=request.project, actor=actor_of(request), message=message, data=data
     )
 
 

@@ -1,6 +1,13 @@
 from django.urls import path, re_path
 
-from webapp.dashboard import alert_views, badge_views, recovery_views, settings_views, views
+from webapp.dashboard import (
+    alert_views,
+    badge_views,
+    recovery_views,
+    retention_views,
+    settings_views,
+    views,
+)
 
 app_name = "dashboard"
 urlpatterns = [
@@ -33,6 +40,16 @@ urlpatterns = [
         "p/<slug:slug>/checkpoints/<int:checkpoint_id>/resume/",
         recovery_views.checkpoint_resume,
         name="checkpoint-resume",
+    ),
+    path(
+        "p/<slug:slug>/resumes/<int:resume_id>/cancel/",
+        recovery_views.resume_cancel,
+        name="resume-cancel",
+    ),
+    path(
+        "p/<slug:slug>/retention/apply/",
+        retention_views.retention_apply,
+        name="retention-apply",
     ),
     path("p/<slug:slug>/badges/", badge_views.badges_page, name="badges"),
     path(

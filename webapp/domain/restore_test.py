@@ -96,11 +96,11 @@ def request(checkpoint, requested_by: str = ""):
 
 
 def enqueue(validation_id: int) -> str:
-    from workers.restore import restore_test
+    from webapp.domain import publish
 
     queue = "gpu" if gpu_worker_alive() else "restore"
     try:
-        restore_test.apply_async((validation_id,), queue=queue)
+        publish.send("workers.restore.restore_test", (validation_id,), queue=queue)
     except Exception:  # noqa: BLE001 (the hourly schedule requeues what is stuck)
         log.warning("could not enqueue restore test %s", validation_id)
     return queue

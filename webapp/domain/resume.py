@@ -139,9 +139,9 @@ def request(checkpoint, profile, *, user=None, actor: str = "", automatic: bool 
 
 
 def enqueue_launch(resume_id: int, queue: str) -> None:
-    from workers.launch import launch_resume
+    from webapp.domain import publish
 
-    launch_resume.apply_async((resume_id,), queue=queue)
+    publish.send("workers.launch.launch_resume", (resume_id,), queue=queue)
 
 
 def _set(resume, **fields) -> None:

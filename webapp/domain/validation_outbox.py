@@ -92,7 +92,9 @@ def publish_after_commit(checkpoint_ids: list[int]) -> None:
     if _outbox is None:
         with _outbox_lock:
             if _outbox is None:
-                import workers.validate  # noqa: F401  (imported here, not in the thread)
+                from webapp.domain import publish
+
+                publish.app()  # built here, not in the thread
 
                 _outbox = Outbox(settings.VALIDATION_PUBLISH_MS)
     _outbox.add(checkpoint_ids)
