@@ -46,7 +46,7 @@ def cancel_resume(resume: Resume, actor: str) -> Resume:
             run=locked.run_id,
             step=locked.checkpoint.step,
             actor=actor,
-            message=f"{actor} asked to cancel resume {locked.pk}",
+            message=f"{actor} asked to cancel the resume from step {locked.checkpoint.step}",
             data={"resume": locked.pk},
         )
         publish.after_commit(
