@@ -190,11 +190,9 @@ def _finish(validation, status: str, message: str, timings: dict, findings=None,
         update_fields=["status", "message", "timings", "findings", "device", "finished_at"]
     )
     checkpoint = validation.checkpoint
-    Event.objects.create(
-        project_id=checkpoint.project_id,
-        run_id=checkpoint.run_id,
-        type=f"restore_test.{status}",
-        step=checkpoint.step,
+    Event.record(
+        f"restore_test.{status}",
+        checkpoint=checkpoint,
         time=validation.finished_at,
         actor=f"worker:{validation.worker}",
         message=message,
