@@ -273,8 +273,10 @@ def _main_file(scratch: Path, files: list[str], configured: str | None) -> Path:
                 f"files ({', '.join(files[:5])}{', …' if len(files) > 5 else ''})"
             )
         return scratch / configured
-    torch_files = [f for f in files if f.endswith((".pt", ".pth", ".ckpt", ".bin"))]
-    return scratch / max(torch_files or files, key=lambda f: (scratch / f).stat().st_size)
+    from webapp.domain.torch_files import is_torch_file
+
+    loadable = [f for f in files if is_torch_file(scratch / f)]
+    return scratch / max(loadable or files, key=lambda f: (scratch / f).stat().st_size)
 
 
 def _child_check(request: dict) -> dict:
