@@ -13,8 +13,9 @@ from ninja import Router, Schema, Status
 from webapp.api.auth import operate_auth
 from webapp.api.errors import ApiError, ErrorOut
 from webapp.api.lookups import checkpoint_in_project as _checkpoint
+from webapp.api.lookups import resume_in_project
 from webapp.api.params import BodyIn, CheckpointId, Name, ResumeId
-from webapp.api.reads import ResumeOut, _resume
+from webapp.api.reads import ResumeOut
 from webapp.domain import actions
 from webapp.domain.actions import ActionRefused
 
@@ -185,10 +186,10 @@ def resume_from(request, checkpoint_id: CheckpointId, body: ResumeIn):
 def cancel_resume(request, resume_id: ResumeId):
     """Stop a resume that has not ended (on the launch host of its profile)."""
     try:
-        actions.cancel_resume(_resume(request, resume_id), request.auth.actor)
+        actions.cancel_resume(resume_in_project(request, resume_id), request.auth.actor)
     except ActionRefused as exc:
         raise ApiError(409, str(exc)) from None
-    return _resume(request, resume_id)
+    return resume_in_project(request, resume_id)
 
 
 class QueuedOut(Schema):

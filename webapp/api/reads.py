@@ -9,12 +9,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 
 from webapp.api.auth import read_auth
 from webapp.api.errors import ApiError, ErrorOut
 from webapp.api.lookups import checkpoint_in_project as _checkpoint
+from webapp.api.lookups import resume_in_project
 from webapp.api.lookups import run_in_project as _run
 from webapp.api.params import (
     BeforeStep,
@@ -337,19 +337,9 @@ class ResumeOut(Schema):
         return output_tail(resume) if auth is not None and auth.allows("operate") else ""
 
 
-def _resume(request, resume_id: int):
-    from webapp.domain.models import Resume
-
-    return get_object_or_404(
-        Resume.objects.select_related("run", "profile", "new_run"),
-        project=request.auth.project,
-        pk=resume_id,
-    )
-
-
 @router.get("/resumes/{resume_id}", auth=read_auth, response={200: ResumeOut, 404: ErrorOut})
 def get_resume(request, resume_id: ResumeId):
-    return _resume(request, resume_id)
+    return resume_in_project(request, resume_id)
 
 
 class RetentionDecisionOut(Schema):
