@@ -49,7 +49,7 @@ def cancel_resume(resume: Resume, actor: str) -> Resume:
             message=f"{actor} asked to cancel the resume from step {locked.checkpoint.step}",
             data={"resume": locked.pk},
         )
-        publish.after_commit(
-            "workers.launch.cancel_resume", (locked.pk,), queue=resumes.queue_for(locked.profile)
-        )
+        # A profile deleted since (SET_NULL) leaves the resume on the shared launch queue.
+        queue = resumes.queue_for(locked.profile) if locked.profile_id else "launch"
+        publish.after_commit("workers.launch.cancel_resume", (locked.pk,), queue=queue)
     return locked
