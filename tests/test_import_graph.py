@@ -6,7 +6,8 @@ webapp, workers and lifeboat.
 A cycle is looked for among module-level imports (what runs when a module is imported):
 an import inside a function runs later and cannot deadlock an import, so it is the
 accepted way to break one, and it is left out. Importing a.b.c also runs a/__init__.py
-and a/b/__init__.py, so that counts as importing them too."""
+and a/b/__init__.py, so that counts as importing them too (except where the importer
+is inside them: they ran before it)."""
 
 from __future__ import annotations
 
@@ -95,7 +96,10 @@ def graph() -> dict[str, set[str]]:
             parts = name.split(".")
             for n in range(1, len(parts) + 1):
                 target = ".".join(parts[:n])
-                if target in known and target != module:
+                # The importer's own packages ran before it did: no edge back to them
+                # unless it names one itself.
+                own = module.startswith(target + ".") and target != name
+                if target in known and target != module and not own:
                     edges[module].add(target)
     return edges
 
