@@ -292,7 +292,9 @@ def test_an_alert_channel_with_notifications_is_kept_disabled(project, admin):
 # --- Cancelling a resume from the run page ------------------------------------------------
 
 
-def test_a_running_resume_is_cancelled_from_its_row(project, operator, viewer, queues):
+def test_a_running_resume_is_cancelled_from_its_row(
+    project, operator, viewer, queues, django_capture_on_commit_callbacks
+):
     from tests.conftest import queued_tasks
 
     run = make_run(project, "r")
@@ -310,7 +312,9 @@ def test_a_running_resume_is_cancelled_from_its_row(project, operator, viewer, q
     as_viewer = as_user(viewer).get("/p/alpha/runs/r/").content.decode()
     assert "/cancel/" not in as_viewer and 'disabled title="Only operators' in as_viewer
     assert as_user(viewer).post(f"/p/alpha/resumes/{resume.pk}/cancel/").status_code == 403
-    response = as_user(operator).post(f"/p/alpha/resumes/{resume.pk}/cancel/")
+    # The task is published when the action's transaction commits.
+    with django_capture_on_commit_callbacks(execute=True):
+        response = as_user(operator).post(f"/p/alpha/resumes/{resume.pk}/cancel/")
     assert response.status_code == 302
     assert response["Location"] == f"/p/alpha/runs/r/#resume-{resume.pk}"
     tasks = queued_tasks(queues, "launch")

@@ -13,30 +13,18 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
-QUEUES = ("validate", "replicate", "restore", "gpu", "launch", "alerts")
+from webapp.domain.publish import APP_NAME, QUEUES, configure  # noqa: E402
 
-app = Celery("lifeboat")
-app.config_from_object("django.conf:settings", namespace="CELERY")
+__all__ = ["QUEUES", "app"]
+
+# The queues and routes are webapp.domain.publish's: the web side publishes by task name
+# with the very same routes, without importing this package.
+app = configure(Celery(APP_NAME))
 # Django's LOGGING (structured, with run and checkpoint ids) rather than Celery's own.
 app.conf.worker_hijack_root_logger = False
-app.conf.task_queues = [Queue(name) for name in QUEUES]
-app.conf.task_routes = {
-    "workers.validate.*": {"queue": "validate"},
-    "workers.sweeper.*": {"queue": "validate"},
-    "workers.replicate.*": {"queue": "replicate"},
-    # Restore tests are sent to `gpu` or `restore` explicitly (restore_test.enqueue).
-    "workers.restore.*": {"queue": "restore"},
-    # Resumes go to `launch`, or `launch.<host>` for a pinned profile (resume.queue_for).
-    "workers.launch.*": {"queue": "launch"},
-    # Quick and urgent: never behind a 100 GB validation.
-    "workers.alerts.*": {"queue": "alerts"},
-    # Retention deletes local copies: it runs where the training file system is seen.
-    "workers.retention.*": {"queue": "validate"},
-}
 app.conf.beat_schedule = {
     "requeue-unvalidated-checkpoints": {
         "task": "workers.sweeper.requeue_unvalidated",

@@ -18,11 +18,9 @@ def _record(resume, type_: str, message: str) -> None:
     """One line of the run's timeline about this resume, by the launch worker."""
     from webapp.domain.models import Event
 
-    Event.objects.create(
-        project_id=resume.project_id,
-        run_id=resume.run_id,
-        type=type_,
-        step=resume.checkpoint.step,
+    Event.record(
+        type_,
+        checkpoint=resume.checkpoint,
         time=resume.updated_at,
         actor="worker:launch",
         message=message,

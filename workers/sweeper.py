@@ -18,9 +18,9 @@ from django.utils import timezone
 
 @shared_task(name="workers.sweeper.requeue_unvalidated", ignore_result=True)
 def requeue_unvalidated(limit: int = 1000) -> int:
-    from webapp.domain.ingest import enqueue_validations
     from webapp.domain.models import Checkpoint
     from webapp.domain.models.checkpoints import UNSETTLED
+    from webapp.domain.validation_publish import enqueue_validations
 
     now = timezone.now()
     # Never enqueued (publish failed), or enqueued so long ago that even a redelivery

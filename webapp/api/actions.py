@@ -1,10 +1,10 @@
-"""Actions on a checkpoint (scope operate): validate, pin, restore-test, replicate.
+"""Every action of the API (scope operate): validate, pin, restore-test, replicate,
+resume, cancel a resume, apply retention.
 
-Each calls the domain function the dashboard calls (Checkpoint.request_validation,
-Checkpoint.set_pinned, webapp/domain/checkpoint_requests.py), so both audiences take the
-same lock, write the same audit Event and coalesce a repeat into the request already
-queued: the answer is then 202 with that request's validation id and "coalesced": true.
-A checkpoint of another project is simply not found."""
+Each view is a thin caller of the function the dashboard calls (webapp.domain.actions),
+so both audiences take the same lock, write the same audit Event and coalesce a repeat
+into the request already queued: the answer is then 202 with that request's validation
+id and "coalesced": true. A checkpoint of another project is simply not found."""
 
 from __future__ import annotations
 
@@ -13,8 +13,11 @@ from ninja import Router, Schema, Status
 from webapp.api.auth import operate_auth
 from webapp.api.errors import ApiError, ErrorOut
 from webapp.api.lookups import checkpoint_in_project as _checkpoint
-from webapp.api.params import BodyIn, CheckpointId, Name
-from webapp.domain.models.checkpoints import CheckpointActionRefused
+from webapp.api.lookups import resume_in_project
+from webapp.api.params import BodyIn, CheckpointId, Name, ResumeId
+from webapp.api.reads import ResumeOut
+from webapp.domain import actions
+from webapp.domain.actions import ActionRefused
 
 router = Router(tags=["runs and checkpoints"])
 
@@ -59,8 +62,8 @@ def validate(request, checkpoint_id: CheckpointId):
     queued or running is named instead of a second one ("coalesced": true)."""
     checkpoint = _checkpoint(request, checkpoint_id)
     try:
-        requested = checkpoint.request_validation(request.auth.actor)
-    except CheckpointActionRefused as exc:
+        requested = actions.validate(checkpoint, request.auth.actor)
+    except ActionRefused as exc:
         raise ApiError(409, f"checkpoint {checkpoint_id}: {exc}; nothing to check") from None
     return _requested(checkpoint_id, requested, "check")
 
@@ -74,12 +77,10 @@ def restore_test(request, checkpoint_id: CheckpointId):
     """Prove the checkpoint comes back: download it from a verified replica, verify every
     file, load it (on a GPU when a GPU worker listens), and time each phase. A restore
     test already queued or running is named instead of a second one."""
-    from webapp.domain.checkpoint_requests import request_restore_test
-
-    _checkpoint(request, checkpoint_id)
+    checkpoint = _checkpoint(request, checkpoint_id)
     try:
-        requested = request_restore_test(checkpoint_id, request.auth.actor)
-    except CheckpointActionRefused as exc:
+        requested = actions.restore_test(checkpoint, request.auth.actor)
+    except ActionRefused as exc:
         raise ApiError(409, f"checkpoint {checkpoint_id}: {exc}") from None
     return _requested(checkpoint_id, requested, "restore test")
 
@@ -104,7 +105,7 @@ def pin(request, checkpoint_id: CheckpointId, body: PinIn | None = None):
     deleted by a retention policy."""
     pinned = True if body is None else body.pinned
     checkpoint = _checkpoint(request, checkpoint_id)
-    checkpoint.set_pinned(pinned, request.auth.actor)
+    actions.pin(checkpoint, request.auth.actor, pinned)
     return Status(
         200,
         {
@@ -132,16 +133,14 @@ def replicate(request, checkpoint_id: CheckpointId, body: ReplicateIn | None = N
     """Copy the checkpoint to every enabled storage target of the project (or the one
     named), whatever their policies say. A failed copy is tried again from scratch; a
     verified copy of the same files, or one on its way, is left alone."""
-    from webapp.domain.checkpoint_requests import NoSuchTarget, request_replication
-
     checkpoint = _checkpoint(request, checkpoint_id)
     try:
-        queued = request_replication(
-            checkpoint_id, request.auth.actor, body.target if body is not None else None
+        queued = actions.replicate(
+            checkpoint, request.auth.actor, body.target if body is not None else None
         )
-    except NoSuchTarget as exc:
+    except actions.NoSuchTarget as exc:
         raise ApiError(404, str(exc)) from None
-    except CheckpointActionRefused as exc:
+    except ActionRefused as exc:
         raise ApiError(409, f"checkpoint {checkpoint_id}: {exc}") from None
     return Status(
         202,
@@ -152,3 +151,54 @@ def replicate(request, checkpoint_id: CheckpointId, body: ReplicateIn | None = N
             "replicas": queued,
         },
     )
+
+
+class ResumeIn(BodyIn):
+    profile: Name
+
+
+@router.post(
+    "/checkpoints/{checkpoint_id}/resume",
+    auth=operate_auth,
+    response={202: ResumeOut, 400: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+)
+def resume_from(request, checkpoint_id: CheckpointId, body: ResumeIn):
+    """Restart the run from this checkpoint with one of the project's launch profiles:
+    the checkpoint is restored from a replica first if its local copy is unusable."""
+    from webapp.domain.models import LaunchProfile
+
+    checkpoint = _checkpoint(request, checkpoint_id)
+    profile = LaunchProfile.objects.filter(project=request.auth.project, name=body.profile).first()
+    if profile is None:
+        raise ApiError(404, f"no launch profile {body.profile!r} in this project")
+    try:
+        resume = actions.resume(checkpoint, profile, request.auth.actor)
+    except ActionRefused as exc:
+        raise ApiError(409, str(exc)) from None
+    return Status(202, resume)
+
+
+@router.post(
+    "/resumes/{resume_id}/cancel",
+    auth=operate_auth,
+    response={200: ResumeOut, 404: ErrorOut, 409: ErrorOut},
+)
+def cancel_resume(request, resume_id: ResumeId):
+    """Stop a resume that has not ended (on the launch host of its profile)."""
+    try:
+        actions.cancel_resume(resume_in_project(request, resume_id), request.auth.actor)
+    except ActionRefused as exc:
+        raise ApiError(409, str(exc)) from None
+    return resume_in_project(request, resume_id)
+
+
+class QueuedOut(Schema):
+    message: str
+
+
+@router.post("/retention/apply", auth=operate_auth, response={202: QueuedOut})
+def retention_apply(request):
+    """Carry the policies out, on a worker that sees the checkpoint files (the validate
+    queue); each deletion is recorded in the event log."""
+    actions.apply_retention(request.auth.project, request.auth.actor)
+    return Status(202, {"message": "queued"})

@@ -1,6 +1,5 @@
-"""Reads of runs, checkpoints, resumes and retention (scope read), and the resume,
-cancel and retention actions (scope operate); the actions on a checkpoint are in
-actions.py.
+"""Reads of runs, checkpoints, resumes and retention (scope read): reads only; every
+action (scope operate) is in actions.py.
 
 Every query starts from request.auth.project: a run key or checkpoint id of another
 project is simply not found."""
@@ -10,24 +9,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from django.db import transaction
-from django.shortcuts import get_object_or_404
-from django.utils import timezone
-from ninja import Router, Schema, Status
+from ninja import Router, Schema
 
-from webapp.api.auth import operate_auth, read_auth
+from webapp.api.auth import read_auth
 from webapp.api.errors import ApiError, ErrorOut
 from webapp.api.lookups import checkpoint_in_project as _checkpoint
+from webapp.api.lookups import resume_in_project
 from webapp.api.lookups import run_in_project as _run
 from webapp.api.params import (
     BeforeStep,
-    BodyIn,
     CheckpointId,
     CheckpointStatusFilter,
     HealthFilter,
     Limit,
     MtbfHours,
-    Name,
     Offset,
     ResumeId,
     RunKeyPath,
@@ -35,7 +30,7 @@ from webapp.api.params import (
     RunStatusFilter,
 )
 from webapp.domain import run_health
-from webapp.domain.models import Checkpoint, Event, Run
+from webapp.domain.models import Checkpoint, Run
 from webapp.domain.models.recovery import ReplicaStatus
 
 router = Router(tags=["runs and checkpoints"])
@@ -303,10 +298,6 @@ def get_checkpoint(request, checkpoint_id: CheckpointId):
     return _checkpoint(request, checkpoint_id)
 
 
-class ResumeIn(BodyIn):
-    profile: Name
-
-
 class ResumeOut(Schema):
     id: int
     run: str
@@ -346,62 +337,9 @@ class ResumeOut(Schema):
         return output_tail(resume) if auth is not None and auth.allows("operate") else ""
 
 
-@router.post(
-    "/checkpoints/{checkpoint_id}/resume",
-    auth=operate_auth,
-    response={202: ResumeOut, 400: ErrorOut, 404: ErrorOut, 409: ErrorOut},
-)
-def resume_from(request, checkpoint_id: CheckpointId, body: ResumeIn):
-    """Restart the run from this checkpoint with one of the project's launch profiles:
-    the checkpoint is restored from a replica first if its local copy is unusable."""
-    from webapp.domain import resume as resumes
-    from webapp.domain.models import LaunchProfile
-
-    with transaction.atomic():
-        checkpoint = _checkpoint(request, checkpoint_id)
-        profile = LaunchProfile.objects.filter(
-            project=request.auth.project, name=body.profile
-        ).first()
-        if profile is None:
-            raise ApiError(404, f"no launch profile {body.profile!r} in this project")
-        try:
-            resume = resumes.request(checkpoint, profile, actor=request.auth.actor)
-        except resumes.ResumeError as exc:
-            raise ApiError(409, str(exc)) from None
-    return Status(202, resume)
-
-
-def _resume(request, resume_id: int):
-    from webapp.domain.models import Resume
-
-    return get_object_or_404(
-        Resume.objects.select_related("run", "profile", "new_run"),
-        project=request.auth.project,
-        pk=resume_id,
-    )
-
-
 @router.get("/resumes/{resume_id}", auth=read_auth, response={200: ResumeOut, 404: ErrorOut})
 def get_resume(request, resume_id: ResumeId):
-    return _resume(request, resume_id)
-
-
-@router.post(
-    "/resumes/{resume_id}/cancel",
-    auth=operate_auth,
-    response={200: ResumeOut, 404: ErrorOut, 409: ErrorOut},
-)
-def cancel_resume(request, resume_id: ResumeId):
-    from webapp.domain import resume as resumes
-
-    resume = _resume(request, resume_id)
-    if resume.status in ("succeeded", "failed", "cancelled"):
-        raise ApiError(409, f"resume {resume_id} has already ended: {resume.status}")
-    from workers.launch import cancel_resume as cancel_task
-
-    # The launch host stops it: the process (or Slurm's client) lives there.
-    cancel_task.apply_async((resume.pk,), queue=resumes.queue_for(resume.profile))
-    return resume
+    return resume_in_project(request, resume_id)
 
 
 class RetentionDecisionOut(Schema):
@@ -435,24 +373,3 @@ def retention_plan(request, run: RunKeyQuery = None, offset: Offset = 0, limit: 
 
     run_row = _run(request, run) if run else None
     return retention.dry_run_page(request.auth.project, run_row, offset, limit)
-
-
-class QueuedOut(Schema):
-    message: str
-
-
-@router.post("/retention/apply", auth=operate_auth, response={202: QueuedOut})
-def retention_apply(request):
-    """Carry the policies out, on a worker that sees the checkpoint files (the validate
-    queue); each deletion is recorded in the event log."""
-    from workers.retention import apply_project
-
-    project = request.auth.project
-    Event.objects.create(
-        project=project,
-        type="retention.requested",
-        time=timezone.now(),
-        actor=request.auth.actor,
-    )
-    transaction.on_commit(lambda: apply_project.delay(project.pk))
-    return Status(202, {"message": "queued"})

@@ -2,23 +2,22 @@
 time each phase) and a resume (restart the run from this checkpoint with a launch
 profile, after a confirmation that shows exactly the command that will run).
 
-Both are for operators; both call the same domain functions as the API
-(webapp.domain.checkpoint_requests.request_restore_test, webapp.domain.resume.request),
-which queue their tasks only once their transaction commits."""
+Both are for operators; both call the same functions as the API
+(webapp.domain.actions.restore_test, .resume, .cancel_resume), which queue their tasks
+only once their transaction commits."""
 
 from __future__ import annotations
 
 import hashlib
 
 from django.contrib import messages
-from django.db import transaction
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import actor_of, project_view
 from webapp.dashboard.views import _after_action, _get_checkpoint, resume_refusal
-from webapp.domain.models import Checkpoint
-from webapp.domain.models.checkpoints import CheckpointActionRefused
+from webapp.domain import actions
+from webapp.domain.actions import ActionRefused
 from webapp.domain.models.projects import Role
 
 
@@ -26,12 +25,10 @@ from webapp.domain.models.projects import Role
 @project_view(Role.OPERATOR)
 def checkpoint_restore_test(request, checkpoint_id: int):
     """Queue a restore test, unless one is already queued or running (then say so)."""
-    from webapp.domain.checkpoint_requests import request_restore_test
-
     checkpoint = _get_checkpoint(request, checkpoint_id)
     try:
-        requested = request_restore_test(checkpoint.pk, actor_of(request))
-    except CheckpointActionRefused as exc:
+        requested = actions.restore_test(checkpoint, actor_of(request))
+    except ActionRefused as exc:
         return _after_action(request, checkpoint, f"No restore test: {exc}.", messages.ERROR)
     if requested.coalesced:
         return _after_action(
@@ -107,12 +104,8 @@ def checkpoint_resume(request, checkpoint_id: int):
             )
         else:
             try:
-                with transaction.atomic():
-                    locked = Checkpoint.objects.select_for_update().get(pk=checkpoint.pk)
-                    resume = resumes.request(
-                        locked, profile, user=request.user, actor=actor_of(request)
-                    )
-            except resumes.ResumeError as exc:
+                resume = actions.resume(checkpoint, profile, actor_of(request), user=request.user)
+            except ActionRefused as exc:
                 error, blocked = str(exc), True
             else:
                 messages.success(

@@ -16,7 +16,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import actor_of, project_view
@@ -26,12 +25,11 @@ from webapp.domain.models.projects import Role, Scope
 
 
 def audit(request, type_: str, message: str, *, run=None, step=None, **data) -> None:
-    Event.objects.create(
+    Event.record(
+        type_,
         project=request.project,
         run=run,
         step=step,
-        type=type_,
-        time=timezone.now(),
         actor=actor_of(request),
         message=message,
         data=data,

@@ -8,6 +8,7 @@ from webapp.dashboard import (
     recovery_settings_views,
     recovery_views,
     resume_views,
+    retention_views,
     settings_edit_views,
     settings_views,
     views,
@@ -44,6 +45,11 @@ urlpatterns = [
         "p/<slug:slug>/checkpoints/<int:checkpoint_id>/resume/",
         recovery_views.checkpoint_resume,
         name="checkpoint-resume",
+    ),
+    path(
+        "p/<slug:slug>/retention/apply/",
+        retention_views.retention_apply,
+        name="retention-apply",
     ),
     path("p/<slug:slug>/badges/", badge_views.badges_page, name="badges"),
     path(

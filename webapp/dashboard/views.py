@@ -23,9 +23,10 @@ from django_htmx.http import HttpResponseStopPolling
 from webapp.dashboard import charts
 from webapp.dashboard.access import actor_of, project_view, visible_projects
 from webapp.dashboard.run_sorting import RUN_SORTS, pager_labels, run_ordering, sort_and_direction
-from webapp.domain import run_health
+from webapp.domain import actions, run_health
+from webapp.domain.actions import ActionRefused
 from webapp.domain.models import Checkpoint, Run, Validation
-from webapp.domain.models.checkpoints import CheckpointActionRefused, CheckpointStatus
+from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.projects import Role
 from webapp.domain.models.recovery import (
     ReplicaStatus,
@@ -416,8 +417,8 @@ def _after_action(request, checkpoint, text: str, level=messages.SUCCESS):
 def checkpoint_validate(request, checkpoint_id: int):
     checkpoint = _get_checkpoint(request, checkpoint_id)
     try:
-        requested = checkpoint.request_validation(actor_of(request))
-    except CheckpointActionRefused as exc:
+        requested = actions.validate(checkpoint, actor_of(request))
+    except ActionRefused as exc:
         return _after_action(request, checkpoint, f"Not checked: {exc}.", messages.ERROR)
     checkpoint.refresh_from_db()
     if requested.coalesced:
@@ -435,7 +436,7 @@ def checkpoint_validate(request, checkpoint_id: int):
 def checkpoint_pin(request, checkpoint_id: int):
     checkpoint = _get_checkpoint(request, checkpoint_id)
     pinned = request.POST.get("pinned", "1") not in ("0", "false", "")
-    checkpoint.set_pinned(pinned, actor_of(request))
+    actions.pin(checkpoint, actor_of(request), pinned)
     verb = "pinned: no retention policy will delete it" if pinned else "unpinned"
     return _after_action(request, checkpoint, f"Step {checkpoint.step} is {verb}.")
 
@@ -445,14 +446,12 @@ def checkpoint_pin(request, checkpoint_id: int):
 def checkpoint_replicate(request, checkpoint_id: int):
     """Copy a verified checkpoint to every enabled storage target, whatever their
     policies say (as POST /api/v1/checkpoints/<id>/replicate: both call
-    checkpoint_requests.request_replication); the replicate workers do the copying and
-    the page shows their progress."""
-    from webapp.domain.checkpoint_requests import request_replication
-
+    webapp.domain.actions.replicate); the replicate workers do the copying and the page
+    shows their progress."""
     checkpoint = _get_checkpoint(request, checkpoint_id)
     try:
-        queued = request_replication(checkpoint.pk, actor_of(request))
-    except CheckpointActionRefused as exc:
+        queued = actions.replicate(checkpoint, actor_of(request))
+    except ActionRefused as exc:
         return _after_action(request, checkpoint, f"Not copied: {exc}.", messages.ERROR)
     if queued:
         copies = f"{len(queued)} cop{'y' if len(queued) == 1 else 'ies'}"

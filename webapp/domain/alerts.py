@@ -76,10 +76,10 @@ def record(
 
 
 def _enqueue_processing(flip_id: int) -> None:
-    from workers.alerts import process_flip
+    from webapp.domain import publish
 
     try:
-        process_flip.delay(flip_id)
+        publish.send("workers.alerts.process_flip", (flip_id,))
     except Exception:  # noqa: BLE001 (the beat sweep processes it within a minute)
         log.warning("could not enqueue flip %s; the sweep will process it", flip_id)
 

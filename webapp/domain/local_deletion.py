@@ -190,11 +190,9 @@ def _record(checkpoint_id, actor: str, why: str, previous_message, error) -> boo
             event_type, message = "checkpoint.deleted", checkpoint.status_message
         checkpoint.updated_at = now
         checkpoint.save(update_fields=fields)
-        Event.objects.create(
-            project_id=checkpoint.project_id,
-            run_id=checkpoint.run_id,
-            type=event_type,
-            step=checkpoint.step,
+        Event.record(
+            event_type,
+            checkpoint=checkpoint,
             time=now,
             actor=actor,
             message=message,

@@ -26,7 +26,7 @@ import resource
 import sys
 import time
 
-TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
+from webapp.domain.torch_files import is_torch_file
 
 
 def _tensors(obj, out: list) -> None:
@@ -40,13 +40,6 @@ def _tensors(obj, out: list) -> None:
     elif isinstance(obj, list | tuple):
         for value in obj:
             _tensors(value, out)
-
-
-def _is_torch(path: str) -> bool:
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-    # zip (torch >= 1.6) or the legacy pickle protocol 2 magic.
-    return head.startswith(b"PK\x03\x04") or head[:2] == b"\x80\x02"
 
 
 def load(request: dict) -> dict:
@@ -78,7 +71,7 @@ def load(request: dict) -> dict:
                 from safetensors.torch import load_file
 
                 _tensors(load_file(full, device="cpu"), tensors)
-            elif rel.endswith(TORCH_SUFFIXES) and _is_torch(full):
+            elif is_torch_file(full):  # by its bytes, whatever its name (torch_files.py)
                 _tensors(torch.load(full, map_location="cpu", weights_only=True), tensors)
             else:
                 result["skipped"].append(rel)

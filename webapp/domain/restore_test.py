@@ -90,11 +90,11 @@ def request(checkpoint, requested_by: str = ""):
 
 
 def enqueue(validation_id: int) -> str:
-    from workers.restore import restore_test
+    from webapp.domain import publish
 
     queue = "gpu" if gpu_worker_alive() else "restore"
     try:
-        restore_test.apply_async((validation_id,), queue=queue)
+        publish.send("workers.restore.restore_test", (validation_id,), queue=queue)
     except Exception:  # noqa: BLE001 (the hourly schedule requeues what is stuck)
         log.warning("could not enqueue restore test %s", validation_id)
     return queue
@@ -184,11 +184,9 @@ def _finish(validation, status: str, message: str, timings: dict, findings=None,
         update_fields=["status", "message", "timings", "findings", "device", "finished_at"]
     )
     checkpoint = validation.checkpoint
-    Event.objects.create(
-        project_id=checkpoint.project_id,
-        run_id=checkpoint.run_id,
-        type=f"restore_test.{status}",
-        step=checkpoint.step,
+    Event.record(
+        f"restore_test.{status}",
+        checkpoint=checkpoint,
         time=validation.finished_at,
         actor=f"worker:{validation.worker}",
         message=message,
@@ -269,8 +267,10 @@ def _main_file(scratch: Path, files: list[str], configured: str | None) -> Path:
                 f"files ({', '.join(files[:5])}{', …' if len(files) > 5 else ''})"
             )
         return scratch / configured
-    torch_files = [f for f in files if f.endswith((".pt", ".pth", ".ckpt", ".bin"))]
-    return scratch / max(torch_files or files, key=lambda f: (scratch / f).stat().st_size)
+    from webapp.domain.torch_files import is_torch_file
+
+    loadable = [f for f in files if is_torch_file(scratch / f)]
+    return scratch / max(loadable or files, key=lambda f: (scratch / f).stat().st_size)
 
 
 def _child_check(request: dict) -> dict:

@@ -124,12 +124,9 @@ def request(checkpoint, profile, *, user=None, actor: str = "", automatic: bool 
     )
     resume.command = render(profile.command_template)
     resume.save(update_fields=["command"])
-    Event.objects.create(
-        project_id=checkpoint.project_id,
-        run_id=checkpoint.run_id,
-        type="resume.requested",
-        step=checkpoint.step,
-        time=timezone.now(),
+    Event.record(
+        "resume.requested",
+        checkpoint=checkpoint,
         actor=actor or (f"user:{user.get_username()}" if user else "system"),
         message=f"Resume from step {checkpoint.step} with profile {profile.name}",
         data={"resume": resume.pk, "profile": profile.name, "command": resume.command},
@@ -139,19 +136,9 @@ def request(checkpoint, profile, *, user=None, actor: str = "", automatic: bool 
 
 
 def enqueue_launch(resume_id: int, queue: str) -> None:
-    from workers.launch import launch_resume
+    from webapp.domain import publish
 
-    launch_resume.apply_async((resume_id,), queue=queue)
-
-
-def enqueue_cancel(resume) -> None:
-    """Ask the launch host to stop the resume's job (cancel() runs there, where the
-    process or Slurm's client lives), on the queue its launch used: what the API's
-    POST /resumes/{id}/cancel queues."""
-    from workers.launch import cancel_resume
-
-    queue = queue_for(resume.profile) if resume.profile_id else "launch"
-    cancel_resume.apply_async((resume.pk,), queue=queue)
+    publish.send("workers.launch.launch_resume", (resume_id,), queue=queue)
 
 
 def _set(resume, **fields) -> None:
@@ -396,12 +383,9 @@ def follow(resume) -> bool:
         _set(resume, status=ResumeStatus.SUCCEEDED, error="", output=output)
     else:
         _set(resume, status=ResumeStatus.FAILED, error=detail, output=output)
-    Event.objects.create(
-        project_id=resume.project_id,
-        run_id=resume.run_id,
-        type=f"resume.{resume.status}",
-        step=resume.checkpoint.step,
-        time=timezone.now(),
+    Event.record(
+        f"resume.{resume.status}",
+        checkpoint=resume.checkpoint,
         actor="worker:launch",
         message=detail,
         data={"resume": resume.pk},
@@ -462,9 +446,9 @@ def maybe_auto_resume(run, reason: str):
             if used >= project.max_restarts
             else "no verified checkpoint to resume from"
         )
-        Event.objects.create(
-            project=project, run=run, type="resume.skipped", time=timezone.now(),
-            actor="system", message=f"Not resuming {run.key} automatically: {why}.",
+        Event.record(
+            "resume.skipped", run=run, actor="system",
+            message=f"Not resuming {run.key} automatically: {why}.",
         )  # fmt: skip
         return None
     with transaction.atomic():
@@ -477,9 +461,9 @@ def maybe_auto_resume(run, reason: str):
             except ResumeError as exc:
                 why = str(exc)
         if why is not None:
-            Event.objects.create(
-                project=project, run=run, type="resume.skipped", time=timezone.now(),
-                actor="system", message=f"Not resuming {run.key} automatically: {why}.",
+            Event.record(
+                "resume.skipped", run=run, actor="system",
+                message=f"Not resuming {run.key} automatically: {why}.",
             )  # fmt: skip
             return None
         Event.objects.filter(type="resume.requested", data__resume=resume.pk).update(

@@ -329,11 +329,9 @@ def delete_replica(decision: Decision, actor: str) -> bool:
             return False
         replica.status = ReplicaStatus.DELETED
         replica.save(update_fields=["status"])
-        Event.objects.create(
-            project_id=checkpoint.project_id,
-            run_id=checkpoint.run_id,
-            type="replica.deleted",
-            step=checkpoint.step,
+        Event.record(
+            "replica.deleted",
+            checkpoint=checkpoint,
             time=now,
             actor=actor,
             message=(

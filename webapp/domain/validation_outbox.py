@@ -56,7 +56,7 @@ class Outbox:
 
     def flush(self) -> int:
         """Publish what is waiting now; the number of checkpoints published."""
-        from webapp.domain.ingest import enqueue_validations
+        from webapp.domain.validation_publish import enqueue_validations
 
         with self._sending:
             with self._lock:
@@ -85,14 +85,16 @@ def publish_after_commit(checkpoint_ids: list[int]) -> None:
     """Called on commit with the checkpoints to validate."""
     global _outbox
     if not settings.VALIDATION_PUBLISH_MS:
-        from webapp.domain.ingest import enqueue_validations
+        from webapp.domain.validation_publish import enqueue_validations
 
         enqueue_validations(checkpoint_ids)
         return
     if _outbox is None:
         with _outbox_lock:
             if _outbox is None:
-                import workers.validate  # noqa: F401  (imported here, not in the thread)
+                from webapp.domain import publish
+
+                publish.app()  # built here, not in the thread
 
                 _outbox = Outbox(settings.VALIDATION_PUBLISH_MS)
     _outbox.add(checkpoint_ids)

@@ -44,3 +44,38 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} at {self.time:%Y-%m-%d %H:%M:%S}"
+
+    @classmethod
+    def record(
+        cls,
+        type_: str,
+        *,
+        actor: str,
+        message: str = "",
+        project=None,
+        run=None,
+        checkpoint=None,
+        step: int | None = None,
+        data: dict | None = None,
+        time=None,
+    ) -> Event:
+        """An event Lifeboat writes itself (an audit line, a worker's note): the one way
+        in for those, so each carries its project, run, step, time and actor alike.
+        `checkpoint` gives the project, run and step; `run` the project and run;
+        `project` and `run` may be rows or ids."""
+        if checkpoint is not None:
+            project = project or checkpoint.project_id
+            run = run or checkpoint.run_id
+            step = checkpoint.step if step is None else step
+        elif run is not None and not isinstance(run, int):
+            project = project or run.project_id
+        return cls.objects.create(
+            project_id=getattr(project, "pk", project),
+            run_id=getattr(run, "pk", run),
+            type=type_,
+            step=step,
+            time=time or timezone.now(),
+            actor=actor,
+            message=message,
+            data=data or {},
+        )

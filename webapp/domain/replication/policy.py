@@ -103,11 +103,11 @@ def request(checkpoint, targets=None, *, by_policy: bool = True) -> list[int]:
 def enqueue(replica_ids: list[int]) -> None:
     """After commit. If the broker is down the rows stay pending and
     workers.replicate.requeue_unfinished puts them on the queue later."""
-    from workers.replicate import replicate
+    from webapp.domain import publish
 
     for replica_id in replica_ids:
         try:
-            replicate.delay(replica_id)
+            publish.send("workers.replicate.replicate", (replica_id,))
         except Exception:
             log.exception("could not enqueue replica %s", replica_id)
             return

@@ -9,16 +9,9 @@ it is written last, and a replica without one is not a replica.
 
 from __future__ import annotations
 
-import threading
-
-from django.conf import settings
-
 from webapp.domain.storage_access import TargetRefused, target_access
 
 __all__ = ["TargetRefused", "client_for", "credentials"]
-
-_clients: dict[tuple, object] = {}
-_clients_lock = threading.Lock()
 
 
 def credentials(target) -> tuple[str | None, str | None]:
@@ -30,44 +23,15 @@ def credentials(target) -> tuple[str | None, str | None]:
 
 
 def client_for(target, *, pool: int | None = None, retries: int | None = None):
-    """A boto3 client for the target, once its endpoint and credentials passed
-    webapp.domain.storage_access (TargetRefused otherwise; checked on every call, so a
-    withdrawn grant applies at once). Clients are cached per process: building one costs
-    tens of milliseconds, and the API builds presigned URLs on every read."""
-    import boto3
-    from botocore.config import Config
+    """A boto3 client for the target (webapp.domain.storage.client, cached per process),
+    once its endpoint and credentials passed webapp.domain.storage_access (TargetRefused
+    otherwise; checked on every call, so a withdrawn grant applies at once)."""
+    from webapp.domain import storage
 
     access = target_access(target)
-    key, secret, endpoint, region = access.key, access.secret, access.endpoint, access.region
-    pool = pool or settings.REPLICATION_CONCURRENCY + 2
-    retries = retries or settings.REPLICATION_S3_RETRIES
-    cache_key = (endpoint, region, key, secret, pool, retries)
-    with _clients_lock:
-        client = _clients.get(cache_key)
-        if client is None:
-            client = boto3.client(
-                "s3",
-                endpoint_url=endpoint,
-                region_name=region,
-                aws_access_key_id=key,
-                aws_secret_access_key=secret,
-                config=Config(
-                    retries={"max_attempts": retries, "mode": "standard"},
-                    connect_timeout=5,
-                    read_timeout=60,
-                    max_pool_connections=pool,
-                    # Send a checksum only where the code gives one (every part and
-                    # object does), instead of botocore adding a CRC32 of its own.
-                    request_checksum_calculation="when_required",
-                    response_checksum_validation="when_required",
-                    # Over plain http botocore would otherwise hash every body with
-                    # sha256 to sign it: a third pass over the bytes, on both ends. The
-                    # checksum header each part and object carries is checked anyway.
-                    s3={"payload_signing_enabled": False},
-                ),
-            )
-            _clients[cache_key] = client
-    return client
+    return storage.client(
+        access.endpoint, access.region, access.key, access.secret, pool=pool, retries=retries
+    )
 
 
 def _prefix(target) -> str:

@@ -1,0 +1,78 @@
+"""Celery tasks published by name: the web side never imports workers/ (that package
+imports this one, and an arrow each way was a 15-module import cycle).
+
+The queues and routes live here, once: workers/celery.py builds the worker's app from
+them, and a web process that has no app of its own gets a publishing one with the same
+broker (Django's CELERY_* settings) and the same routes, so a task sent by name lands on
+the queue its module's worker listens on.
+
+Task names are "workers.<module>.<function>"; the functions that call send() name
+theirs in one place each (test_import_graph.py checks that nothing imports workers)."""
+
+from __future__ import annotations
+
+import functools
+from contextlib import AbstractContextManager
+
+from celery import Celery, current_app
+from celery.canvas import Signature
+from django.db import transaction
+
+QUEUES = ("validate", "replicate", "restore", "gpu", "launch", "alerts")
+
+ROUTES = {
+    "workers.validate.*": {"queue": "validate"},
+    "workers.sweeper.*": {"queue": "validate"},
+    "workers.replicate.*": {"queue": "replicate"},
+    # Restore tests are sent to `gpu` or `restore` explicitly (restore_test.enqueue).
+    "workers.restore.*": {"queue": "restore"},
+    # Resumes go to `launch`, or `launch.<host>` for a pinned profile (resume.queue_for).
+    "workers.launch.*": {"queue": "launch"},
+    # Quick and urgent: never behind a 100 GB validation.
+    "workers.alerts.*": {"queue": "alerts"},
+    # Retention deletes local copies: it runs where the training file system is seen.
+    "workers.retention.*": {"queue": "validate"},
+}
+
+APP_NAME = "lifeboat"
+
+
+def configure(app: Celery) -> Celery:
+    """Broker and serializers from Django's settings, queues and routes from here."""
+    from kombu import Queue
+
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.conf.task_queues = [Queue(name) for name in QUEUES]
+    app.conf.task_routes = ROUTES
+    return app
+
+
+@functools.cache
+def _publisher() -> Celery:
+    return configure(Celery(APP_NAME, set_as_current=False))
+
+
+def app() -> Celery:
+    """The worker's app inside a worker (or wherever workers/ was imported), else this
+    process's publishing app."""
+    current = current_app._get_current_object()
+    return current if current.main == APP_NAME else _publisher()
+
+
+def send(name: str, args=(), kwargs=None, **options):
+    """Publish task `name` now; raises what the broker raises."""
+    return app().send_task(name, args=list(args), kwargs=kwargs or {}, **options)
+
+
+def signature(name: str, args=(), kwargs=None, **options) -> Signature:
+    return app().signature(name, args=list(args), kwargs=kwargs or {}, **options)
+
+
+def after_commit(name: str, args=(), kwargs=None, **options) -> None:
+    """Publish once the caller's transaction commits (at once outside one)."""
+    transaction.on_commit(lambda: send(name, args, kwargs, **options))
+
+
+def producer() -> AbstractContextManager:
+    """One broker connection for many send(..., producer=p) calls."""
+    return app().producer_or_acquire()
