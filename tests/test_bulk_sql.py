@@ -11,7 +11,7 @@ import pytest
 from django.db import DataError, IntegrityError, connection, transaction
 
 from webapp.domain import bulk_sql
-from webapp.domain.ingest import _new_checkpoint
+from webapp.domain.ingest_rules import new_checkpoint as _new_checkpoint
 from webapp.domain.models import Checkpoint, CheckpointFile, Run
 
 pytestmark = pytest.mark.django_db
