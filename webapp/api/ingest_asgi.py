@@ -29,6 +29,7 @@ import asyncio
 import io
 import logging
 import time
+import weakref
 from concurrent.futures import Executor, ThreadPoolExecutor
 
 import orjson
@@ -99,9 +100,9 @@ class IngestASGI:
         self.django = WSGIMiddleware(django_wsgi, workers=1)
         self.django.executor.shutdown(wait=False)  # a2wsgi's own pool, replaced by ours
         self.django.executor = self.pool
-        self.committer = GroupCommitter(
-            self.pool, settings.EVENTS_MAX_BATCH, settings.INGEST_COMMITTERS, _in_thread
-        )
+        # A committer's state belongs to one event loop: a server has one per process;
+        # the tests run one per request, from several threads at once.
+        self._committers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST":
@@ -172,8 +173,19 @@ class IngestASGI:
             )
             return 202, body
         events = parse_events(raw_events)
-        result = await self.committer.submit(token.project, token.actor, events, raw_events, finite)
+        committer = self._committer()
+        result = await committer.submit(token.project, token.actor, events, raw_events, finite)
         return 202, answer(events, result)
+
+    def _committer(self) -> GroupCommitter:
+        loop = asyncio.get_running_loop()
+        committer = self._committers.get(loop)
+        if committer is None:
+            committer = GroupCommitter(
+                self.pool, settings.EVENTS_MAX_BATCH, settings.INGEST_COMMITTERS, _in_thread
+            )
+            self._committers[loop] = committer
+        return committer
 
 
 async def _read(receive, declared: str | None) -> bytes:

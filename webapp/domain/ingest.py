@@ -25,19 +25,16 @@ from dataclasses import dataclass, field
 from django.db import connection, transaction
 from django.utils import timezone
 
-from webapp.domain.bulk_sql import (
-    Pending,
-    generic_plans_later,
-    insert_rows_by_key_later,
-    insert_rows_later,
-    pipeline,
+from webapp.domain.bulk_select import (
     select_locked,
     select_locked_by_key_later,
     select_locked_later,
 )
+from webapp.domain.bulk_sql import insert_rows_by_key_later, insert_rows_later
 from webapp.domain.event_schema import CHECKPOINT_TYPES, ENVELOPE, json_safe
 from webapp.domain.ingest_rules import Applier
 from webapp.domain.models import Checkpoint, Event, Project, Run
+from webapp.domain.sql_pipeline import Pending, generic_plans_later, pipeline
 
 log = logging.getLogger(__name__)
 

@@ -17,18 +17,12 @@ from django.db import transaction
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from webapp.domain.bulk_sql import (
-    Pending,
-    commit_later,
-    insert_rows_later,
-    insert_with_children_later,
-    pipeline,
-    update_rows_later,
-)
+from webapp.domain.bulk_sql import insert_rows_later, insert_with_children_later, update_rows_later
 from webapp.domain.event_schema import CHECKPOINT_TYPES, json_safe
 from webapp.domain.models import Checkpoint, CheckpointFile, MetricPoint, Project, Run
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.runs import RunStatus
+from webapp.domain.sql_pipeline import Pending, commit_later, pipeline
 from webapp.domain.validation_outbox import publish_after_commit
 
 
