@@ -116,7 +116,7 @@ if _database_url:
             **DATABASES["default"].get("OPTIONS", {}),
         }
     elif env_bool("DB_PREPARED_STATEMENTS", True):
-        # The ingest path's statements (webapp/domain/bulk_sql.py) are prepared once per
+        # The ingest path's statements (webapp/domain/sql_pipeline.py) are prepared once per
         # connection; Django's own queries bind on the client and are never prepared.
         # Off for a PgBouncer in transaction mode older than 1.21.
         DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
