@@ -106,7 +106,7 @@ def test_a_database_connection_that_died_is_replaced_without_failing_a_request(p
     """A connection that died since its last use (a restart, a failover) is replaced and
     the request still gets its 202."""
     token = project.issue_token("t", ["ingest"])[1]
-    web = WebServer(worker_env)
+    web = WebServer(worker_env, DB_CONN_MAX_AGE="600")  # production's: connections kept
     try:
         assert web.post_events(token, saved(step=1))[0] == 202
         with connection.cursor() as cursor:
