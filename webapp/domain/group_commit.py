@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, connection
 
 from webapp.domain.ingest import IngestResult, ingest
 
@@ -137,8 +137,6 @@ def _apply_alone(request: _Request) -> IngestResult:
     except (OperationalError, InterfaceError):
         # The connection may have died since it was last checked (a database restart,
         # a failover): once more on a new one. Safe: ingest is idempotent by event id.
-        from django.db import connection
-
         if connection.in_atomic_block:
             raise
         connection.close()
