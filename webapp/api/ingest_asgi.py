@@ -92,9 +92,9 @@ def _in_thread(function, *args):
 
 class IngestASGI:
     def __init__(self, django_wsgi, threads: int, executor: Executor | None = None):
-        # One pool for Django's requests and the ingest route's database work bounds the
-        # connections a process holds to `threads` (+ the committers'), as gunicorn's
-        # --threads did. `executor` replaces it (the tests run the route in their own
+        # One pool for Django's requests and the ingest route's database work (groups of
+        # single events included) bounds the connections a process holds to `threads`,
+        # as gunicorn's --threads did. `executor` replaces it (the tests run the route in their own
         # thread, inside their transaction).
         self.pool = executor or ThreadPoolExecutor(threads, thread_name_prefix="lifeboat-web")
         self.django = WSGIMiddleware(django_wsgi, workers=1)
