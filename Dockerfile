@@ -15,4 +15,6 @@ RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX_URL" ./client '.[
 COPY . .
 RUN SECRET_KEY=build-only python manage.py collectstatic --noinput
 EXPOSE 8000
-CMD ["gunicorn", "webapp.wsgi", "-b", "0.0.0.0:8000", "--workers", "4", "--access-logfile", "-"]
+# What docker-compose.yml and `make run` serve: uvicorn workers, POST /api/v1/events on
+# each worker's event loop (webapp/api/ingest_asgi.py).
+CMD ["gunicorn", "webapp.asgi", "-k", "uvicorn_worker.UvicornWorker", "-b", "0.0.0.0:8000", "--workers", "2", "--reuse-port", "--access-logfile", "-"]

@@ -10,8 +10,8 @@ from operator import attrgetter
 import pytest
 from django.db import DataError, IntegrityError, connection, transaction
 
-from webapp.domain import bulk_sql
-from webapp.domain.ingest import _new_checkpoint
+from webapp.domain import bulk_sql, sql_pipeline
+from webapp.domain.ingest_rules import new_checkpoint as _new_checkpoint
 from webapp.domain.models import Checkpoint, CheckpointFile, Run
 
 pytestmark = pytest.mark.django_db
@@ -146,7 +146,7 @@ def test_rows_that_name_their_run_by_key_skip_runs_that_do_not_exist(run, shape)
 @postgresql_only
 def test_an_error_in_a_pipeline_is_django_s_and_rolls_the_transaction_back(run):
     rows = _rows(run, [1])
-    with pytest.raises(IntegrityError), transaction.atomic(), bulk_sql.pipeline():
+    with pytest.raises(IntegrityError), transaction.atomic(), sql_pipeline.pipeline():
         first = bulk_sql.insert_rows_later(Checkpoint, _fields(), rows)
         again = bulk_sql.insert_rows_later(Checkpoint, _fields(), rows)  # same step
         first.result()

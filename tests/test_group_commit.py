@@ -1,16 +1,20 @@
 """Group commit (webapp/domain/group_commit.py): concurrent requests of one web process
-share a transaction, and each still gets exactly its own answer."""
+share a transaction, and each still gets exactly its own answer. (Every in-process test
+that posts events goes through it too: tests/conftest.py's `api` fixture.)"""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as Timeout
 
 import pytest
 from django.db import connection
 
 from tests.conftest import WebServer, queued_tasks, run_together, saved, wait_for
-from webapp.domain.group_commit import GroupCommitter, _Request
+from webapp.domain.group_commit import GroupCommitter, _Request, apply_group
 from webapp.domain.models import Checkpoint, CheckpointFile, Event, Project
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,7 +61,7 @@ def test_concurrent_requests_share_transactions_and_each_gets_its_own_statuses(p
 def _request(project, actor, body):
     from webapp.domain.event_schema import parse_event
 
-    return _Request(project, actor, [parse_event(0, body)], [body])
+    return _Request(project, actor, [parse_event(0, body)], [body], False, None)
 
 
 @pytest.mark.skipif(
@@ -67,11 +71,10 @@ def test_a_request_that_fails_in_the_database_does_not_fail_its_group(project):
     bad_body = saved(step=1)
     bad_body["note"] = "nul \x00 here"  # jsonb cannot hold it; the endpoint refuses it
     good, bad = _request(project, "token:a", saved(step=2)), _request(project, "token:b", bad_body)
-    GroupCommitter(1000)._apply([bad, good])
+    bad_outcome, good_outcome = apply_group([bad, good])
 
-    assert good.done.is_set() and bad.done.is_set()
-    assert good.error is None and good.result.statuses == ["created"]
-    assert bad.error is not None and bad.result is None
+    assert good_outcome.statuses == ["created"]
+    assert isinstance(bad_outcome, Exception)
     assert list(Checkpoint.objects.values_list("step", flat=True)) == [2]
     assert Event.objects.get().actor == "token:a"
 
@@ -80,10 +83,9 @@ def test_a_group_spanning_projects_and_tokens_keeps_each_apart(project, other_pr
     a = _request(project, "token:a", saved(run="same", step=1))
     b = _request(other_project, "token:b", saved(run="same", step=1))
     c = _request(project, "token:c", saved(run="same", step=2))
-    committer = GroupCommitter(1000)
-    committer._apply([a, b, c])
+    outcomes = apply_group([a, b, c])
 
-    assert [r.result.statuses for r in (a, b, c)] == [["created"]] * 3
+    assert [r.statuses for r in outcomes] == [["created"]] * 3
     assert sorted(Event.objects.values_list("actor", flat=True)) == [
         "token:a",
         "token:b",
@@ -101,10 +103,10 @@ def test_a_group_spanning_projects_and_tokens_keeps_each_apart(project, other_pr
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="ends PostgreSQL sessions")
 def test_a_database_connection_that_died_is_replaced_without_failing_a_request(project, worker_env):
-    """The committer checks its connection at most once a second; one that died in
-    between (a restart, a failover) is replaced and the request still gets its 202."""
+    """A connection that died since its last use (a restart, a failover) is replaced and
+    the request still gets its 202."""
     token = project.issue_token("t", ["ingest"])[1]
-    web = WebServer(worker_env)
+    web = WebServer(worker_env, DB_CONN_MAX_AGE="600")  # production's: connections kept
     try:
         assert web.post_events(token, saved(step=1))[0] == 202
         with connection.cursor() as cursor:
@@ -133,65 +135,81 @@ def test_validations_are_published_after_the_groups_commit(project, worker_env, 
 
 
 def test_batches_are_applied_by_their_own_thread_small_requests_by_the_committer(
-    project, settings, monkeypatch
+    api, project, monkeypatch
 ):
-    """A batch shares its transaction among its events already: through the one
-    committer thread, the batches of a process would wait for each other."""
+    """A batch shares its transaction among its events already: through the committer,
+    the batches of a process would wait for each other."""
     from webapp.domain import group_commit
-    from webapp.domain.event_schema import parse_event
 
-    routed = []
+    grouped = []
 
-    class Committer:
-        def submit(self, project, actor, events, raw, finite=False):
-            routed.append(len(events))
-            return group_commit.ingest(project, actor, events, raw, finite=finite)
+    def apply_group(group):
+        grouped.append(sum(len(request.events) for request in group))
+        return group_commit.apply_group.__wrapped__(group)
 
-    settings.INGEST_GROUP_COMMIT = True
-    monkeypatch.setattr(group_commit, "_committer", Committer())
+    apply_group.__wrapped__ = group_commit.apply_group
+    monkeypatch.setattr(group_commit, "apply_group", apply_group)
+    token = project.issue_token("t", ["ingest"])[1]
     size = group_commit.GROUP_BELOW
-    batch = [saved(run="b", step=s, t=s) for s in range(size)]
-    parsed = [parse_event(i, e) for i, e in enumerate(batch)]
-    result = group_commit.apply_events(project, "token:t", parsed, batch)
-    small = [saved(run="s", step=1)]
-    group_commit.apply_events(project, "token:t", [parse_event(0, small[0])], small)
+    batch = {"events": [saved(run="b", step=s, t=s) for s in range(size)]}
+    assert api.post_events(token, batch).json()["created"] == size
+    assert api.post_events(token, saved(run="s", step=1)).json()["created"] == 1
 
-    assert result.statuses == ["created"] * size
-    assert routed == [1]  # only the small request went through the committer
+    assert grouped == [1]  # only the small request went through the committer
     assert Checkpoint.objects.count() == size + 1
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite has no row locks")
-def test_a_second_committer_applies_requests_while_the_first_waits_for_the_database(project):
-    """INGEST_COMMITTERS: each committer thread has its own connection, so requests that
-    arrive while one transaction waits (here on a row lock) are applied by another."""
+def test_a_second_group_is_applied_while_the_first_waits_for_the_database(project):
+    """INGEST_COMMITTERS: groups run in threads of the pool, each with its own
+    connection, so requests that arrive while one transaction waits (here on a row lock)
+    are applied by another."""
     from django.db import transaction
 
+    from webapp.domain.event_schema import parse_event
     from webapp.domain.models import Run
 
-    setup = GroupCommitter(1000)
-    setup._apply([_request(project, "token:a", saved(run="held", step=1))])
+    apply_group([_request(project, "token:a", saved(run="held", step=1))])
 
-    def stuck_and_free(threads: int) -> tuple[bool, bool]:
-        committer = GroupCommitter(1000, threads=threads)
-        stuck = _request(project, "token:a", saved(run="held", step=10 + threads))
-        free = _request(project, "token:a", saved(run="free", step=10 + threads))
+    def closing(function, *args):
+        try:
+            return function(*args)
+        finally:
+            connection.close()
+
+    def stuck_and_free(in_flight: int) -> tuple[bool, bool]:
+        pool = ThreadPoolExecutor(2)
+        committer = GroupCommitter(pool, 1000, in_flight, closing)
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever)
+        thread.start()
+
+        def submit(run: str):
+            body = saved(run=run, step=10 + in_flight)
+            coroutine = committer.submit(project, "token:a", [parse_event(0, body)], [body], False)
+            return asyncio.run_coroutine_threadsafe(coroutine, loop)
+
         try:
             with transaction.atomic():
                 Run.objects.select_for_update().get(key="held")  # the lock stuck waits on
-                committer.enqueue(stuck)
+                stuck = submit("held")
                 wait_for(_a_session_waits_for_a_lock, timeout=10)
-                committer.enqueue(free)
-                free_done = free.done.wait(timeout=1 if threads == 1 else 10)
-                stuck_done = stuck.done.is_set()
-            assert stuck.done.wait(timeout=10) and free.done.wait(timeout=10)
+                free = submit("free")
+                try:
+                    free.result(timeout=1 if in_flight == 1 else 10)
+                    free_done = True
+                except Timeout:
+                    free_done = False
+                stuck_done = stuck.done()
+            assert stuck.result(timeout=10).statuses == free.result(timeout=10).statuses
         finally:
-            committer.stop()
-        assert stuck.error is None and free.error is None
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            pool.shutdown()
         return free_done, stuck_done
 
-    assert stuck_and_free(threads=2) == (True, False)
-    assert stuck_and_free(threads=1) == (False, False)  # one committer: free waits too
+    assert stuck_and_free(in_flight=2) == (True, False)
+    assert stuck_and_free(in_flight=1) == (False, False)  # one at a time: free waits too
     assert Checkpoint.objects.filter(run__key="free").count() == 2
     assert Checkpoint.objects.filter(run__key="held").count() == 3
 

@@ -122,7 +122,7 @@ if _database_url:
             **DATABASES["default"].get("OPTIONS", {}),
         }
     elif env_bool("DB_PREPARED_STATEMENTS", True):
-        # The ingest path's statements (webapp/domain/bulk_sql.py) are prepared once per
+        # The ingest path's statements (webapp/domain/sql_pipeline.py) are prepared once per
         # connection; Django's own queries bind on the client and are never prepared.
         # Off for a PgBouncer in transaction mode older than 1.21.
         DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
@@ -244,19 +244,10 @@ EVENTS_MAX_BATCH = env_int("EVENTS_MAX_BATCH", 1000, minimum=1)
 # database). A revoked token is refused at once by the process that revoked it and within
 # this many seconds by the others; it saves a query (about 0.9 ms of CPU) per request.
 API_TOKEN_CACHE_SECONDS = env_int("API_TOKEN_CACHE_SECONDS", 5, minimum=0)
-# Apply the events of concurrent requests of one web process in one transaction
-# (webapp/domain/group_commit.py). Pays off with gunicorn's threaded workers.
-INGEST_GROUP_COMMIT = env_bool("INGEST_GROUP_COMMIT", True)
-# Committer threads per web process, each with its own database connection: while one
-# waits for PostgreSQL, another applies the requests that arrived meanwhile.
+# Groups of small event requests of one web process that may be in their transactions at
+# once (webapp/domain/group_commit.py): while one waits for PostgreSQL, the next is
+# applied by another thread of the pool.
 INGEST_COMMITTERS = env_int("INGEST_COMMITTERS", 2, minimum=1)
-# Small groups of heartbeats and checkpoint events are applied by one PostgreSQL
-# function call (webapp/domain/ingest_in_sql.py); off: always the Python way.
-INGEST_IN_SQL = env_bool("INGEST_IN_SQL", True)
-# Single events on PostgreSQL are applied from the web process's event loop, by that
-# function on a connection of the loop (webapp/domain/loop_commit.py); off: through the
-# committer threads.
-INGEST_ON_LOOP = env_bool("INGEST_ON_LOOP", True)
 # Validation messages of a web process go out together, at most one per this many ms
 # under load and at once when idle (webapp/domain/validation_outbox.py); 0: one message
 # per transaction, published by the request itself.

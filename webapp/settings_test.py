@@ -83,9 +83,6 @@ elif DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # A file (worker processes open it too), one per test session so that two runs on
     # one machine do not drop each other's database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}
-# The in-process test client runs inside a test transaction that the group committer's
-# thread could not see; the gunicorn servers the tests start (webapp.settings) use it.
-INGEST_GROUP_COMMIT = False
 # Published by the request, so a test sees its message as soon as the request returns;
 # the outbox has tests of its own against a live server.
 VALIDATION_PUBLISH_MS = 0

@@ -13,7 +13,7 @@ from ninja import Router, Schema
 from webapp.api.auth import ingest_auth
 from webapp.api.errors import ApiError, ErrorOut
 from webapp.domain.event_schema import EventError, parse_event
-from webapp.domain.group_commit import apply_events
+from webapp.domain.ingest import ingest
 
 router = Router(tags=["events"])
 
@@ -168,9 +168,10 @@ def post_events(request):
 def accept_events(token, declared: str | None, encoding: str, read) -> bytes:
     """The whole of POST /api/v1/events after authentication: read, check, store.
 
-    Returns the 202 body; raises ApiError for anything refused. Shared by the view
-    above (the OpenAPI document, the test client), webapp/api/ingest_wsgi.py and
-    webapp/api/ingest_asgi.py, which serve it without Django's request cycle."""
+    Returns the 202 body; raises ApiError for anything refused. The view above (the
+    OpenAPI document, a plain WSGI server) and webapp/api/ingest_asgi.py (production, the
+    tests), for a body it does not read on its event loop; for the others it takes the
+    same steps (decode_events, parse_events, answer) with the group committer between."""
     raw_events, finite = decode_events(declared, encoding, read)
     return store_events(token, raw_events, finite)
 
@@ -192,7 +193,7 @@ def parse_events(raw_events: list) -> list:
 def store_events(token, raw_events: list, finite: bool) -> bytes:
     """Check and store decoded events; the 202 body."""
     events = parse_events(raw_events)
-    result = apply_events(token.project, token.actor, events, raw_events, finite=finite)
+    result = ingest(token.project, token.actor, events, raw_events, finite=finite)
     return answer(events, result)
 
 

@@ -1,23 +1,26 @@
 """Lifeboat as an ASGI application: POST /api/v1/events on the event loop, every other
-request Django's, in a pool of threads.
+request Django's, in a pool of threads. The one door of that route in production
+(gunicorn with uvicorn workers, webapp/asgi.py) and in the tests (tests/conftest.py's
+`api` fixture calls this application); the ninja view (webapp/api/events.py) describes
+the route in the OpenAPI document and serves it under a plain WSGI server. Both call the
+same steps of webapp/api/events.py.
 
-Why: with gunicorn's threaded workers a single event spent about a fifth of its CPU
-being handed between the threads of a process (the GIL, wake-ups), beyond the
-request's own work (docs/benchmarks.md). Here the event loop of a process reads each
-request, authenticates it from the token cache, checks its events and hands them, on
-PostgreSQL, to the loop's own committer (webapp/domain/loop_commit.py), and what that
-does not take to the process's committer threads (webapp/domain/group_commit.py), without
-a thread per request: the loop goes on reading the next requests while a group's transaction runs,
-so groups grow with the load and the per-transaction cost is shared by more events.
+Why on the event loop: with gunicorn's threaded workers a single event spent about a
+fifth of its CPU being handed between the threads of a process (the GIL, wake-ups),
+beyond the request's own work (docs/benchmarks.md). Here the event loop of a process
+reads each request, authenticates it from the token cache, checks its events and hands
+them to the process's group committer (webapp/domain/group_commit.py), without a thread
+per request: the loop goes on reading the next requests while a group's transaction
+runs in the pool, so groups grow with the load and the per-transaction cost is shared by
+more events.
 
 What needs the database outside the committer runs in the thread pool, never on the
 loop: a token not in the cache, a batch of GROUP_BELOW events or more (it has its own
-transaction, as under WSGI; a body over ON_LOOP_BELOW bytes or compressed is decoded
-there too, since inflating and parsing megabytes would hold the loop), and every other
-route, which is Django's WSGI application
-unchanged (a2wsgi), with the same middleware and the same connection handling as under
-gunicorn's threads. Answers, errors and the latency label are those of
-webapp/api/ingest_wsgi.py; tests/test_ingest_doors.py compares the doors.
+transaction; a body over ON_LOOP_BELOW bytes or compressed is decoded there too, since
+inflating and parsing megabytes would hold the loop), and every other route, which is
+Django's WSGI application unchanged (a2wsgi), with the same middleware and the same
+connection handling as under gunicorn's threads. Answers and errors are those of the
+ninja view; tests/test_ingest_doors.py compares them.
 """
 
 from __future__ import annotations
@@ -26,30 +29,51 @@ import asyncio
 import io
 import logging
 import time
+import weakref
 from concurrent.futures import Executor, ThreadPoolExecutor
 
+import orjson
 from a2wsgi import WSGIMiddleware
 from django.conf import settings
+from django.db import connections
 
 from webapp.api.auth import MISSING_TOKEN, bearer_secret, token_with_scope
 from webapp.api.errors import ApiError
 from webapp.api.events import accept_events, answer, decode_events, parse_events, store_events
-from webapp.api.ingest_wsgi import (
-    INTERNAL_ERROR,
-    PATH,
-    ROUTE,
-    close_old_connections,
-    error_body,
-    response_headers,
-)
-from webapp.domain import loop_commit
-from webapp.domain.group_commit import committer, grouped, stop_committer
-from webapp.domain.loop_commit import close_loop_committer, loop_committer
+from webapp.domain.group_commit import GROUP_BELOW, GroupCommitter
 from webapp.domain.models import ApiToken
 from webapp.domain.validation_outbox import flush_outbox
 from webapp.ops.latency import record
 
 log = logging.getLogger(__name__)
+
+PATH = "/api/v1/events"
+INTERNAL_ERROR = ApiError(500, "internal error; the server log has the details")
+ROUTE = "api/v1/events"  # the label Django's resolver gives it in the latency histogram
+
+
+def error_body(exc: ApiError) -> bytes:
+    return orjson.dumps({"error": exc.message, **exc.details})
+
+
+def response_headers(status: int, body: bytes) -> list[tuple[str, str]]:
+    headers = [
+        ("Content-Type", "application/json"),
+        ("Content-Length", str(len(body))),
+        ("X-Content-Type-Options", "nosniff"),
+    ]
+    if status == 401:
+        headers.append(("WWW-Authenticate", 'Bearer realm="lifeboat"'))
+    return headers
+
+
+def close_old_connections() -> None:
+    # django.db.close_old_connections, except for a connection inside a transaction:
+    # no request begins or ends in one, but a test's request runs inside the test's.
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
+
 
 # Bodies up to this size, not compressed, are decoded on the event loop (a single event
 # is about 600 bytes; orjson reads 64 KiB in well under a millisecond).
@@ -68,14 +92,17 @@ def _in_thread(function, *args):
 
 class IngestASGI:
     def __init__(self, django_wsgi, threads: int, executor: Executor | None = None):
-        # One pool for Django's requests and the ingest route's database work bounds the
-        # connections a process holds to `threads` (+ the committers'), as gunicorn's
-        # --threads did. `executor` replaces it (the tests run the route in their own
+        # One pool for Django's requests and the ingest route's database work (groups of
+        # single events included) bounds the connections a process holds to `threads`,
+        # as gunicorn's --threads did. `executor` replaces it (the tests run the route in their own
         # thread, inside their transaction).
         self.pool = executor or ThreadPoolExecutor(threads, thread_name_prefix="lifeboat-web")
         self.django = WSGIMiddleware(django_wsgi, workers=1)
         self.django.executor.shutdown(wait=False)  # a2wsgi's own pool, replaced by ours
         self.django.executor = self.pool
+        # A committer's state belongs to one event loop: a server has one per process;
+        # the tests run one per request, from several threads at once.
+        self._committers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST":
@@ -96,8 +123,6 @@ class IngestASGI:
                 # WSGI; a uvicorn worker can end by the signal's default action, skipping
                 # it.)
                 loop = asyncio.get_running_loop()
-                await close_loop_committer()
-                await loop.run_in_executor(self.pool, stop_committer)
                 await loop.run_in_executor(self.pool, flush_outbox)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -141,23 +166,26 @@ class IngestASGI:
             )
             return 202, body
         raw_events, finite = decode_events(declared, encoding, io.BytesIO(body).read)
-        if not grouped(raw_events):
+        if len(raw_events) >= GROUP_BELOW:
             # A batch: checking a thousand events would hold the loop for tens of ms.
             body = await loop.run_in_executor(
                 self.pool, _in_thread, store_events, token, raw_events, finite
             )
             return 202, body
         events = parse_events(raw_events)
-        result = None
-        if loop_commit.enabled():
-            result = await loop_committer().submit(
-                token.project, token.actor, events, raw_events, finite
-            )
-        if result is None:  # not taken there: nothing of it was kept
-            result = await committer().submit_async(
-                token.project, token.actor, events, raw_events, finite
-            )
+        committer = self._committer()
+        result = await committer.submit(token.project, token.actor, events, raw_events, finite)
         return 202, answer(events, result)
+
+    def _committer(self) -> GroupCommitter:
+        loop = asyncio.get_running_loop()
+        committer = self._committers.get(loop)
+        if committer is None:
+            committer = GroupCommitter(
+                self.pool, settings.EVENTS_MAX_BATCH, settings.INGEST_COMMITTERS, _in_thread
+            )
+            self._committers[loop] = committer
+        return committer
 
 
 async def _read(receive, declared: str | None) -> bytes:

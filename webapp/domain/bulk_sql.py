@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Sequence
-from contextlib import contextmanager
 from functools import lru_cache
 
 import orjson
-import psycopg
-from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.db import connection, models
+
+from webapp.domain.sql_pipeline import Pending, execute, new_cursor, send
 
 # SQLite allows 32,766 host parameters per statement; stay well under it.
 _SQLITE_ROWS_PER_STATEMENT = 500
@@ -91,7 +90,7 @@ def insert_rows_later(
         tuple(returning),
         len(rows) >= _ARRAYS_FROM_ROWS,
     )
-    return _send(sql, source.params(rows), bool(returning))
+    return send(sql, source.params(rows), bool(returning))
 
 
 def insert_rows_by_key_later(
@@ -124,7 +123,7 @@ def insert_rows_by_key_later(
         tuple(returning),
         len(rows) >= _ARRAYS_FROM_ROWS,
     )
-    return _send(sql, source.params(rows), bool(returning))
+    return send(sql, source.params(rows), bool(returning))
 
 
 @lru_cache(maxsize=16)
@@ -286,8 +285,8 @@ def update_row(model: type[models.Model], pk, values: dict) -> None:
     params.append(pk)
     table, pk_column = quote(model._meta.db_table), quote(model._meta.pk.column)
     sql = f"UPDATE {table} SET {assignments} WHERE {pk_column} = %s"  # noqa: S608
-    with _cursor() as cursor:
-        _execute(cursor, sql, params)
+    with new_cursor() as cursor:
+        execute(cursor, sql, params)
 
 
 def update_rows_later(
@@ -303,7 +302,7 @@ def update_rows_later(
             update_row(model, pk, dict(zip(attnames, values, strict=True)))
         return Pending.done([])
     sql, source = _update_sql(model, attnames, len(rows) >= _ARRAYS_FROM_ROWS)
-    return _send(sql, source.params(rows), False)
+    return send(sql, source.params(rows), False)
 
 
 @lru_cache(maxsize=256)
@@ -358,7 +357,7 @@ def insert_with_children_later(
         len(rows) >= _ARRAYS_FROM_ROWS,
         len(child_rows) >= _ARRAYS_FROM_ROWS,
     )
-    return _send(sql, [*source.params(rows), *child_source.params(child_rows)], True)
+    return send(sql, [*source.params(rows), *child_source.params(child_rows)], True)
 
 
 @lru_cache(maxsize=64)
@@ -390,261 +389,3 @@ def _children_sql(parent, attnames, key, child, child_attnames, arrays, child_ar
         f"SELECT {pk}, {', '.join(key_columns)} FROM p"
     )
     return sql, source, child_source
-
-
-def select_locked(model: type[models.Model], where: dict[str, Sequence]) -> list:
-    return select_locked_later(model, where).result()
-
-
-def select_locked_later(model: type[models.Model], where: dict[str, Sequence]) -> Pending:
-    """Rows whose columns are in the given values, locked FOR UPDATE (where the
-    database has row locks), in primary-key order so that two transactions lock in the
-    same order and wait for each other instead of deadlocking.
-
-    Not a queryset: the ORM spends about 0.5 ms compiling each one, which is most of a
-    single event's budget."""
-    if any(not values for values in where.values()):
-        return Pending.done([])
-    postgresql = connection.vendor == "postgresql"
-    if postgresql:  # one array parameter per column: the same text, prepared once
-        sql, instances = _select_sql(model, tuple(where))
-        return _send(sql, [list(values) for values in where.values()], True, instances)
-    quote = connection.ops.quote_name
-    conditions, params = [], []
-    for column, values in where.items():
-        conditions.append(f"{quote(column)} IN ({', '.join(['%s'] * len(values))})")
-        params.extend(values)
-    order = quote(model._meta.pk.column)
-    sql = f"{_select_head(model)} WHERE {' AND '.join(conditions)} ORDER BY {order}"  # noqa: S608
-    instances = _instances(model)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return Pending.done(instances(cursor.fetchall()))
-
-
-def select_locked_by_key_later(
-    model: type[models.Model],
-    where: dict[str, Sequence],
-    *,
-    fk: str,
-    target: type[models.Model],
-    target_where: dict[str, Sequence],
-) -> Pending:
-    """select_locked_later (PostgreSQL only) whose foreign key fk is given by the
-    target rows that target_where finds, not by their ids: it can go in the same round
-    trip as the statement that locks those target rows."""
-    if any(not values for values in (*where.values(), *target_where.values())):
-        return Pending.done([])
-    sql, instances = _select_by_key_sql(model, tuple(where), fk, target, tuple(target_where))
-    params = [list(v) for v in target_where.values()] + [list(v) for v in where.values()]
-    return _send(sql, params, True, instances)
-
-
-@lru_cache(maxsize=16)
-def _select_by_key_sql(model, columns, fk, target, target_columns) -> tuple:
-    quote = connection.ops.quote_name
-    inner = " AND ".join(f"{quote(c)} = ANY(%s)" for c in target_columns)
-    targets = f"SELECT {quote(target._meta.pk.column)} FROM {quote(target._meta.db_table)}"  # noqa: S608
-    conditions = " AND ".join(
-        [
-            f"{quote(model._meta.get_field(fk).column)} IN ({targets} WHERE {inner})",
-            *(f"{quote(c)} = ANY(%s)" for c in columns),
-        ]
-    )
-    sql = (
-        f"{_select_head(model)} WHERE {conditions} "  # noqa: S608
-        f"ORDER BY {quote(model._meta.pk.column)} FOR UPDATE"
-    )
-    return sql, _instances(model)
-
-
-def _select_head(model) -> str:
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in model._meta.concrete_fields)
-    return f"SELECT {columns} FROM {quote(model._meta.db_table)}"  # noqa: S608
-
-
-@lru_cache(maxsize=64)
-def _select_sql(model, columns: tuple) -> tuple:
-    quote = connection.ops.quote_name
-    conditions = " AND ".join(f"{quote(column)} = ANY(%s)" for column in columns)
-    sql = (
-        f"{_select_head(model)} WHERE {conditions} "  # noqa: S608
-        f"ORDER BY {quote(model._meta.pk.column)} FOR UPDATE"
-    )
-    return sql, _instances(model)
-
-
-@lru_cache(maxsize=16)
-def _instances(model):
-    """A function from the cursor's rows to model instances, as the ORM would load them."""
-    converters = _converters(model)
-    names = [f.attname for f in model._meta.concrete_fields]
-    alias = connection.alias
-
-    def instances(rows) -> list:
-        out = []
-        for row in rows:
-            values = [
-                value if convert is None or value is None else convert(value)
-                for value, convert in zip(row, converters, strict=True)
-            ]
-            out.append(model.from_db(alias, names, values))
-        return out
-
-    return instances
-
-
-@lru_cache(maxsize=16)
-def _converters(model: type[models.Model]) -> tuple:
-    """For each concrete field, the function that turns what the cursor gives into
-    the Python value (JSON text into objects, SQLite's text into UUIDs and datetimes),
-    or None where the value is already right."""
-    out = []
-    for field in model._meta.concrete_fields:
-        converters = [
-            *connection.ops.get_db_converters(field.get_col(field.model._meta.db_table)),
-            *field.get_db_converters(connection),
-        ]
-        if not converters:
-            out.append(None)
-            continue
-        expression = field.get_col(field.model._meta.db_table)
-
-        def convert(value, converters=converters, expression=expression):
-            for converter in converters:
-                value = converter(value, expression, connection)
-            return value
-
-        out.append(convert)
-    return tuple(out)
-
-
-class Pending:
-    """The answer to a statement already sent; result() waits for it if need be."""
-
-    def __init__(self, cursor=None, returning: bool = False, convert=None, value=None):
-        self._cursor, self._returning, self._convert, self._value = (
-            cursor,
-            returning,
-            convert,
-            value,
-        )
-
-    @classmethod
-    def done(cls, value) -> Pending:
-        return cls(value=value)
-
-    def result(self):
-        if self._cursor is None:
-            return self._value
-        cursor, self._cursor = self._cursor, None
-        with connection.wrap_database_errors:
-            try:
-                rows = cursor.fetchall() if self._returning else []
-            finally:
-                cursor.close()
-        self._value = self._convert(rows) if self._convert else rows
-        return self._value
-
-
-def _send(sql: str, params, returning: bool, convert=None) -> Pending:
-    cursor = _cursor()
-    try:
-        _execute(cursor, sql, params)
-    except BaseException:
-        cursor.close()
-        raise
-    return Pending(cursor, returning, convert)
-
-
-def generic_plans_later() -> Pending | None:
-    """For the rest of the transaction, prepared statements run on their generic plan
-    instead of being planned again at each execution (PostgreSQL's default for a
-    statement whose first custom plans were no dearer). The ingest path's statements are
-    lookups and inserts by unique keys, whose generic plan is the custom one: planning
-    them again was about a fifth of PostgreSQL's CPU in a small transaction
-    (docs/benchmarks.md). Sent in the first pipeline; None on SQLite."""
-    if connection.vendor != "postgresql":
-        return None
-    cursor = _cursor()
-    try:
-        with connection.wrap_database_errors:
-            cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan", prepare=False)
-    except BaseException:
-        cursor.close()
-        raise
-    return Pending(cursor, False)
-
-
-def commit_later() -> Pending:
-    """COMMIT, sent with the other statements of a pipeline: a transaction's last
-    writes and its commit in one round trip. Only in the outermost atomic block, as its
-    last statement: Django's own commit at the end of the block then has nothing to do
-    (psycopg sends nothing when no transaction is open), and on_commit hooks run then."""
-    cursor = _cursor()
-    try:
-        with connection.wrap_database_errors:
-            cursor.execute("COMMIT", prepare=False)  # a transaction command: not prepared
-    except BaseException:
-        cursor.close()
-        raise
-    return Pending(cursor, False)
-
-
-@contextmanager
-def pipeline():
-    """The statements sent inside go to PostgreSQL together and their answers come
-    back together: one round trip where each would wait for its own (psycopg's
-    pipeline mode). Only statements that do not need each other's results belong in
-    one; read them with Pending.result() inside or after the block. Elsewhere, and when
-    already inside one, a no-op."""
-    if connection.vendor != "postgresql":
-        yield
-        return
-    connection.ensure_connection()
-    raw = connection.connection
-    if raw._pipeline is not None:
-        yield
-        return
-    with connection.wrap_database_errors, raw.pipeline():
-        yield
-
-
-def _execute(cursor, sql: str, params) -> None:
-    if isinstance(cursor, psycopg.Cursor):
-        # Prepared once per connection and statement text: PostgreSQL then skips the
-        # parse and reuses its plan (about 0.1-0.2 ms of its CPU per statement). Errors
-        # become Django's (IntegrityError, OperationalError...) and mark the connection
-        # as Django's own cursor would, so a broken one is replaced.
-        with connection.wrap_database_errors:
-            cursor.execute(sql, params, prepare=True)
-    else:
-        cursor.execute(sql, params)
-
-
-def _cursor():
-    """On PostgreSQL a cursor that binds parameters on the server, so psycopg prepares
-    a statement it sees repeatedly; elsewhere Django's cursor."""
-    db = connections[DEFAULT_DB_ALIAS]  # not the proxy: each of its lookups costs
-    if db.vendor != "postgresql":
-        return db.cursor()
-    if db.connection is None:
-        db.ensure_connection()
-    if db.queries_logged:
-        return _LoggedCursor(db.connection)
-    return psycopg.Cursor(db.connection)
-
-
-class _LoggedCursor(psycopg.Cursor):
-    """Records its statements where Django records its own (DEBUG, and the tests'
-    query counts), so that the ingest path's bounded work stays visible."""
-
-    def execute(self, query, params=None, **kwargs):
-        started = time.monotonic()
-        try:
-            return super().execute(query, params, **kwargs)
-        finally:
-            connection.queries_log.append(
-                {"sql": query, "time": f"{time.monotonic() - started:.3f}"}
-            )

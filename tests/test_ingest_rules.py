@@ -1,0 +1,37 @@
+"""One text of the ingest rules (webapp/domain/ingest_rules.py): the PL/pgSQL function
+that once applied some events on PostgreSQL is dropped by migration 0013, and the
+in-process tests post events the way production applies them (group commit)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from tests.conftest import saved
+from webapp.domain.models import Checkpoint
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a PostgreSQL function")
+def test_no_ingest_function_is_left_in_the_database():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_proc WHERE proname = 'lifeboat_ingest_v1'")
+        assert cursor.fetchone()[0] == 0
+
+
+def test_a_single_event_posted_in_a_test_goes_through_the_group_committer(api, token, monkeypatch):
+    from webapp.domain import group_commit
+
+    applied = []
+    apply_group = group_commit.apply_group
+
+    def counted(group):
+        applied.append(len(group))
+        return apply_group(group)
+
+    monkeypatch.setattr(group_commit, "apply_group", counted)
+    answer = api.post_events(token, saved(step=3))
+    assert answer.status_code == 202 and answer.json()["created"] == 1
+    assert applied == [1]
+    assert Checkpoint.objects.get().step == 3
