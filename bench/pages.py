@@ -8,7 +8,7 @@ repeated GETs of:
 
 * the project page (10,000 runs, default sort, first page of 50), sorted by storage used,
   filtered to overdue runs, sorted by checkpoint age (each run's totals come from
-  RunStats, which triggers keep: migration 0013),
+  RunStats, which triggers keep: migration 0014),
 * the run page of the run with 100,000 checkpoints (table, timeline), its charts (as
   htmx fetches them, and drawn in the page), its checkpoint table as htmx polls it, and
   page 1,000 of that table,

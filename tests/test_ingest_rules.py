@@ -1,5 +1,5 @@
 """One text of the ingest rules (webapp/domain/ingest_rules.py): the PL/pgSQL function
-that once applied some events on PostgreSQL is dropped by migration 0013, and the
+that once applied some events on PostgreSQL is dropped by migration 0015, and the
 in-process tests post events the way production applies them (group commit)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The dashboard at scale (issue #23, point 9): each run's totals kept by triggers
-(RunStats, migration 0013), so that no page sums or counts every checkpoint; every page
+(RunStats, migration 0014), so that no page sums or counts every checkpoint; every page
 makes the same number of queries for 3 or 30 runs and checkpoints; the checkpoint table
 seeks instead of OFFSET; charts read a bounded number of rows on PostgreSQL."""
 

@@ -171,7 +171,7 @@ class Run(models.Model):
 
 class RunStats(models.Model):
     """Totals of a run's checkpoints, kept by database triggers on domain_checkpoint
-    (migration 0013) in the same transaction as every insert, update and delete of a
+    (migration 0014) in the same transaction as every insert, update and delete of a
     checkpoint, whoever writes it (the ingest function, bulk SQL, retention, workers):
     so the project page sorts 10,000 runs by storage, and filters them by health, without
     summing 1,000,000 checkpoints (docs/benchmarks.md, bench/pages.py).

@@ -19,6 +19,6 @@ def drop(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("domain", "0012_health_badge_key")]
+    dependencies = [("domain", "0014_run_stats")]
 
     operations = [migrations.RunPython(drop, _0008._create(_0008.FUNCTION))]
