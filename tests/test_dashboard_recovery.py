@@ -230,12 +230,16 @@ def test_a_bad_template_and_an_unverified_checkpoint_are_refused_with_the_reason
     corrupt = make_checkpoint(checkpoint.run, 20, status="corrupt")
     good = profile(project)
     page = client.get(f"/p/alpha/checkpoints/{corrupt.pk}/").content.decode()
-    assert "Step 20 is corrupt: only a verified checkpoint can be resumed from." in page
+    refusal = (
+        "tep 20 is corrupt and no replica of it is verified: only a verified checkpoint, or "
+        "one with a verified replica, can be resumed from"
+    )
+    assert f"S{refusal}." in page
     response = client.post(
         f"/p/alpha/checkpoints/{corrupt.pk}/resume/", {"profile": good.pk, "digest": "x"}
     )
     assert response.status_code == 400
-    assert "only a verified checkpoint can be resumed from" in response.content.decode()
+    assert refusal in response.content.decode()
     assert not Resume.objects.exists() and not Event.objects.exists()
 
 

@@ -22,8 +22,9 @@ from django_htmx.http import HttpResponseStopPolling
 
 from webapp.dashboard import charts
 from webapp.dashboard.access import actor_of, project_view, visible_projects
+from webapp.domain import families, problems
 from webapp.domain.models import Checkpoint, Run, Validation
-from webapp.domain.models.checkpoints import CheckpointActionRefused, CheckpointStatus
+from webapp.domain.models.checkpoints import CheckpointActionRefused
 from webapp.domain.models.projects import Role
 from webapp.domain.models.recovery import (
     ReplicaStatus,
@@ -55,7 +56,11 @@ STATUS_FILTERS = [(s.value, s.label) for s in RunStatus] + [
     (Health.UP.value, "Up"),
     (Health.LATE.value, "Late"),
     (Health.OVERDUE.value, "Overdue"),
+    (problems.UNRESUMED_FAILED, "Failed, not resumed"),
+    (problems.DAMAGED, "Corrupt or suspicious checkpoints"),
 ]
+# The runs list refreshes itself this often while the page is visible.
+RUNS_REFRESH_S = 10
 
 
 def poll_delay_ms(request) -> tuple[int, int]:
@@ -94,7 +99,12 @@ def runs(request):
     sort = request.GET.get("sort", "activity")
     if sort not in RUN_SORTS:
         sort = "activity"
-    run_list = Run.objects.filter(project=project).with_dashboard_stats().with_health()
+    run_list = (
+        Run.objects.filter(project=project)
+        .with_dashboard_stats()
+        .with_health()
+        .with_problem_counts()
+    )
     if q:
         run_list = run_list.filter(Q(name__icontains=q) | Q(key__icontains=q))
     if tag:
@@ -103,6 +113,10 @@ def runs(request):
         run_list = run_list.filter(status=status)
     elif status in (Health.UP, Health.LATE, Health.OVERDUE):
         run_list = run_list.filter(health=status)
+    elif status == problems.UNRESUMED_FAILED:
+        run_list = run_list.filter(problems.unresumed_failed_q())
+    elif status == problems.DAMAGED:
+        run_list = run_list.filter(problems.damaged_q())
     else:
         status = ""
     page = Paginator(run_list.order_by(*RUN_SORTS[sort]), RUNS_PER_PAGE).get_page(
@@ -115,7 +129,10 @@ def runs(request):
         "project": project,
         "access": request.access,
         "page": page,
-        "runs": page.object_list,
+        "groups": families.grouped(project.pk, page.object_list),
+        "problems": problems.summary(project.pk),
+        "refresh_s": RUNS_REFRESH_S,
+        "refresh_url": f"{request.path}?{request.GET.urlencode()}",
         "q": q,
         "tag": tag,
         "status": status,
@@ -172,6 +189,11 @@ def run_detail(request, key: str):
         run = get_object_or_404(Run, project=project, key=key)
         context = {"run": run, "charts": charts.run_charts(run, _metric_keys(run))}
         return render(request, "dashboard/run_detail.html#charts", context)
+    if "resumes" in request.GET and request.htmx:
+        # The resumes of the run, polled while one is on its way (recovery_views).
+        from webapp.dashboard.recovery_views import resumes_fragment
+
+        return resumes_fragment(request, get_object_or_404(Run, project=project, key=key))
     if "analytics" in request.GET and request.htmx:
         # What checkpointing costs and the interval that costs least: for_run() reads every
         # checkpoint of the run and the project's runs, so it has a request of its own too.
@@ -193,16 +215,18 @@ def run_detail(request, key: str):
         if not table["polling"]:
             response.status_code = HttpResponseStopPolling.status_code
         return response
+    from webapp.dashboard.recovery_views import recovery_offer, resumes_context
+
+    family = families.families_of(project.pk, [run])[run.pk]
+    run.label, run.member = family.label(run.pk), family.get(run.pk)
+    parent = family.get(run.member.parent_id) if run.member.parent_id in family else None
     context.update(
         timeline=list(run.events.order_by("-time", "-id")[:TIMELINE_LENGTH]),
-        # "resumed_from IS NOT NULL" first: few runs are resumes, and its index finds
-        # them without joining every checkpoint of this run.
-        resumed_as=list(
-            Run.objects.filter(project=project, resumed_from__isnull=False)
-            .filter(resumed_from__run=run)
-            .select_related("resumed_from")[:20]
-        ),
-        resumes=list(run.resumes.select_related("checkpoint", "profile", "requested_by")[:20]),
+        family=family,
+        parent=parent,
+        children=family.children_of(run.pk),
+        recover=recovery_offer(request, run),
+        **resumes_context(request, run),
         # Without JavaScript, ?charts=1 draws them in the page itself.
         charts=charts.run_charts(run, _metric_keys(run)) if "charts" in request.GET else None,
         charts_url=f"{request.path}?charts=1",
@@ -294,15 +318,6 @@ def restore_phases(validation) -> list[tuple[str, float | None]]:
     return [(label, timings.get(key)) for key, label in RESTORE_PHASES]
 
 
-def resume_refusal(checkpoint) -> str:
-    if checkpoint.status != CheckpointStatus.VERIFIED:
-        return (
-            f"step {checkpoint.step} is {checkpoint.get_status_display().lower()}: only a "
-            "verified checkpoint can be resumed from"
-        )
-    return ""
-
-
 def _checkpoint_context(request, checkpoint) -> dict:
     now = timezone.now()
     validations = list(checkpoint.validations.order_by("-created_at")[:20])
@@ -353,6 +368,9 @@ def _checkpoint_context(request, checkpoint) -> dict:
         "validations": [v for v in validations if v.kind != ValidationKind.RESTORE],
         "restores": [v for v in validations if v.kind == ValidationKind.RESTORE],
         "has_verified_replica": any(r.status == ReplicaStatus.VERIFIED for r in replicas),
+        # The one rule (models/checkpoints.resumable_q), also on every poll: the buttons
+        # of the live part follow it.
+        "resume_refusal": checkpoint.resume_refusal(),
         "replicas": replicas,
         "resumes": resumes,
         "restore_phase_labels": RESTORE_PHASES,
@@ -392,7 +410,6 @@ def checkpoint_detail(request, checkpoint_id: int):
     context["tensors"] = sorted(tensors.items())[:200]
     context["tensor_count"] = len(tensors)
     context["launch_profiles"] = list(request.project.launch_profiles.order_by("name"))
-    context["resume_refusal"] = resume_refusal(checkpoint)
     return render(request, "dashboard/checkpoint_detail.html", context)
 
 

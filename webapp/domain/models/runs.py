@@ -55,14 +55,15 @@ class RunQuerySet(models.QuerySet):
         subquery on an index, so the number of queries does not grow with the rows:
         last_checkpoint_at (newest saved step), latest_verified_step, storage_bytes
         (sum of the sizes of checkpoints not deleted) and verified_replicas."""
-        from webapp.domain.models.checkpoints import Checkpoint, CheckpointStatus
+        from webapp.domain.models.checkpoints import Checkpoint, CheckpointStatus, resumable_q
         from webapp.domain.models.recovery import Replica, ReplicaStatus
 
         of_run = Checkpoint.objects.filter(run=OuterRef("pk"))
         saved = of_run.exclude(
             status__in=(CheckpointStatus.SAVING, CheckpointStatus.FAILED)
         ).order_by("-step")
-        verified = of_run.filter(status=CheckpointStatus.VERIFIED).order_by("-step")
+        # "Latest verified": what a resume can start from, a verified replica included.
+        verified = of_run.filter(resumable_q()).order_by("-step")
         storage = (
             of_run.exclude(status=CheckpointStatus.DELETED)
             .order_by()
@@ -86,6 +87,26 @@ class RunQuerySet(models.QuerySet):
             verified_replicas=Coalesce(
                 Subquery(replicas), Value(0), output_field=models.IntegerField()
             ),
+        )
+
+    def with_problem_counts(self):
+        """Annotate corrupt_checkpoints and suspicious_checkpoints: two counts per run,
+        each on the (run, status, step) index."""
+        from webapp.domain.models.checkpoints import Checkpoint, CheckpointStatus
+
+        def count(status):
+            rows = (
+                Checkpoint.objects.filter(run=OuterRef("pk"), status=status)
+                .order_by()
+                .values("run")
+                .annotate(n=models.Count("pk"))
+                .values("n")
+            )
+            return Coalesce(Subquery(rows), Value(0), output_field=models.IntegerField())
+
+        return self.annotate(
+            corrupt_checkpoints=count(CheckpointStatus.CORRUPT),
+            suspicious_checkpoints=count(CheckpointStatus.SUSPICIOUS),
         )
 
     def with_health(self, now=None):
@@ -167,3 +188,9 @@ class Run(models.Model):
         from webapp.domain.models.checkpoints import CheckpointStatus
 
         return self.checkpoints.filter(status=CheckpointStatus.VERIFIED).order_by("-step").first()
+
+    def latest_resumable_checkpoint(self):
+        """The newest checkpoint a resume can start from (checkpoints.resumable_q)."""
+        from webapp.domain.models.checkpoints import resumable_q
+
+        return self.checkpoints.filter(resumable_q()).order_by("-step").first()
