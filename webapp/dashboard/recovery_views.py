@@ -138,6 +138,8 @@ def checkpoint_resume(request, checkpoint_id: int):
         "profiles": profiles,
         "profile": profile,
         "command": command,
+        # Wrapped between words only: a word's own hyphens are no place to break it.
+        "command_words": command.split(" "),
         "digest": template_digest(profile) if profile is not None else "",
         "values": values,
         "variables": _variables_used(profile, values),
