@@ -82,6 +82,7 @@ def test_the_failed_parent_says_it_was_resumed_and_the_family_recovered(project,
     html = client.get("/p/alpha/runs/digits/").content.decode()
     assert "<h1>digits CNN · attempt 1</h1>" in html
     assert "family: recovered" in html
+    assert 'id="recover"' not in html  # recovered already: nothing to offer
     lineage = html.split('id="lineage"')[1].split("</section>")[0]
     assert "This run failed and was resumed as" in lineage
     assert "digits CNN · attempt 2</a>" in lineage and "the family has <strong>recovered" in lineage

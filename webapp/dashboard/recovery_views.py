@@ -140,6 +140,7 @@ def checkpoint_resume(request, checkpoint_id: int):
         "command": command,
         # Wrapped between words only: a word's own hyphens are no place to break it.
         "command_words": command.split(" "),
+        "template_words": profile.command_template.split(" ") if profile is not None else [],
         "digest": template_digest(profile) if profile is not None else "",
         "values": values,
         "variables": _variables_used(profile, values),
@@ -153,17 +154,22 @@ def checkpoint_resume(request, checkpoint_id: int):
 # --- The run page: recovery where the trouble shows --------------------------------------
 
 
-def recovery_offer(request, run) -> dict | None:
+def recovery_offer(request, run, family) -> dict | None:
     """For a failed or overdue run: the newest checkpoint a resume can start from along
     its lineage (resume.latest_resumable, the one rule) and the launch profiles to start
-    it with; None for a run that is fine."""
+    it with; None for a run that is fine, or whose family has recovered already (its
+    lineage lines say so)."""
+    from webapp.domain import families
     from webapp.domain import resume as resumes
 
     if run.status != RunStatus.FAILED and run.health != Health.OVERDUE:
         return None
+    if family.state in (families.RECOVERED, families.RECOVERED_RUNNING):
+        return None
     checkpoint = resumes.latest_resumable(resumes.lineage(run))
     return {
         "why": "failed" if run.status == RunStatus.FAILED else "overdue",
+        "resuming": family.resuming,
         "checkpoint": checkpoint,
         "via_replica": checkpoint is not None and checkpoint.status != "verified",
         "profiles": list(request.project.launch_profiles.order_by("name")),

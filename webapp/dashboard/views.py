@@ -225,7 +225,7 @@ def run_detail(request, key: str):
         family=family,
         parent=parent,
         children=family.children_of(run.pk),
-        recover=recovery_offer(request, run),
+        recover=recovery_offer(request, run, family),
         **resumes_context(request, run),
         # Without JavaScript, ?charts=1 draws them in the page itself.
         charts=charts.run_charts(run, _metric_keys(run)) if "charts" in request.GET else None,
