@@ -214,6 +214,9 @@ def test_a_damaged_local_copy_with_a_verified_replica_resumes_and_the_row_follow
     Resume.objects.filter(pk=resume.pk).update(status="succeeded", new_run=child)
     expect(live).to_contain_text("Succeeded", timeout=5_000)
     expect(live.get_by_role("link", name="digits CNN · attempt 2")).to_be_visible()
+    # The family's state and the offer follow too, without a reload.
+    expect(page.locator(".page-head .family-state")).to_have_text("family: recovered, running")
+    expect(page.locator("#recover")).to_have_count(0)
     shots("resume-succeeded", page)
 
 

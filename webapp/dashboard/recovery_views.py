@@ -201,7 +201,20 @@ def resumes_context(request, run) -> dict:
 
 
 def resumes_fragment(request, run):
-    context = {"project": request.project, "run": run, **resumes_context(request, run)}
+    """The resume rows, and out of band the family's state and the recovery offer,
+    which a resume's progress changes."""
+    from webapp.domain import families
+
+    family = families.families_of(request.project.pk, [run])[run.pk]
+    context = {
+        "project": request.project,
+        "access": request.access,
+        "run": run,
+        "family": family,
+        "recover": recovery_offer(request, run, family),
+        "oob": True,
+        **resumes_context(request, run),
+    }
     response = render(request, "dashboard/run_detail.html#resumes", context)
     if not context["resumes_polling"]:
         response.status_code = HttpResponseStopPolling.status_code

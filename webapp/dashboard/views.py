@@ -193,7 +193,8 @@ def run_detail(request, key: str):
         # The resumes of the run, polled while one is on its way (recovery_views).
         from webapp.dashboard.recovery_views import resumes_fragment
 
-        return resumes_fragment(request, get_object_or_404(Run, project=project, key=key))
+        run = get_object_or_404(Run.objects.filter(project=project).with_health(), key=key)
+        return resumes_fragment(request, run)
     if "analytics" in request.GET and request.htmx:
         # What checkpointing costs and the interval that costs least: for_run() reads every
         # checkpoint of the run and the project's runs, so it has a request of its own too.
