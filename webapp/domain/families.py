@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 RECOVERED = ("recovered", "ok")
 RECOVERED_RUNNING = ("recovered, running", "ok")
 RESUMING = ("failed, resuming", "warn")
+RESUMING_RUNNING = ("resuming", "warn")  # a resume of a run that did not fail
 FAILED = ("failed, not resumed", "bad")
 FAILED_AGAIN = ("failed again", "bad")
 
@@ -61,7 +62,7 @@ class Family:
                 return RESUMING
             return FAILED_AGAIN if self.size > 1 else FAILED
         if self.size == 1:  # running or finished, with a resume asked for anyway
-            return RESUMING
+            return RESUMING_RUNNING
         return RECOVERED if newest == "finished" else RECOVERED_RUNNING
 
     def label(self, run_id: int) -> str:
