@@ -120,7 +120,7 @@ def test_a_family_of_resumed_runs_is_told_apart_grouped_and_refreshed(wide, web,
     page.evaluate("window.notReloaded = true")
     make_checkpoint(third, 300, status="corrupt")
     expect(page.locator("#problems")).to_contain_text("1 corrupt checkpoint", timeout=15_000)
-    expect(page.locator(f"#run-{third.pk}")).to_contain_text("1 corrupt")
+    expect(page.locator(f"#run-row-{third.pk}")).to_contain_text("1 corrupt")
     assert page.evaluate("window.notReloaded") is True
     shots("runs-refreshed", page)
     asked = []
@@ -184,7 +184,7 @@ def test_a_damaged_local_copy_with_a_verified_replica_resumes_and_the_row_follow
     page = wide(1400)
     sign_in(page, web, "otto")
     page.goto(f"{web.url}/p/alpha/")
-    row = page.locator(f"#run-{run.pk}")
+    row = page.locator(f"#run-row-{run.pk}")
     expect(row.locator("td").nth(4)).to_have_text("92")  # "Latest verified" counts the replica
     expect(row).to_contain_text("1 verified")
     page.goto(f"{web.url}/p/alpha/checkpoints/{checkpoint.pk}/")

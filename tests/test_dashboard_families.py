@@ -57,7 +57,7 @@ def family(project):
 
 
 def row(html: str, run) -> str:
-    return html.split(f'id="run-{run.pk}"')[1].split("</tr>")[0]
+    return html.split(f'id="run-row-{run.pk}"')[1].split("</tr>")[0]
 
 
 # --- Families -----------------------------------------------------------------------------
@@ -71,9 +71,9 @@ def test_a_family_is_grouped_and_each_run_labelled_by_its_attempt(project, viewe
     assert "3 attempts" in group and ">recovered</span>" in group
     # In attempt order, each with what tells it apart; the loner stays on its own.
     assert [m for m in re.findall(r"digits CNN · attempt (\d)", group)] == ["1", "2", "3"]
-    assert group.index(f'id="run-{first.pk}"') < group.index(f'id="run-{third.pk}"')
+    assert group.index(f'id="run-row-{first.pk}"') < group.index(f'id="run-row-{third.pk}"')
     assert "digits-resume-2 · resumed from step 150" in row(group, third)
-    assert f'id="run-{loner.pk}"' not in group and ">digits CNN</a>" in row(html, loner)
+    assert f'id="run-row-{loner.pk}"' not in group and ">digits CNN</a>" in row(html, loner)
 
 
 def test_the_failed_parent_says_it_was_resumed_and_the_family_recovered(project, viewer):
