@@ -512,9 +512,8 @@ def fill(project, runs: int, checkpoints: int) -> Run:
 
 
 # session + user + project with role, then the page's own queries
-PROJECT_PAGE_QUERIES = 3 + 2 + 2 + 3  # count + one page of runs with every figure
-# annotated, the families (links, resumes on their way), the problems (failed and not
-# resumed, overdue and late, corrupt and suspicious checkpoints)
+PROJECT_PAGE_QUERIES = 3 + 2 + 2  # count + one page of runs with every figure annotated,
+# the families (links, resumes on their way); the problems summary comes on its own
 RUN_PAGE_QUERIES = 3 + 1 + 2 + 1 + 2 + 1 + 1  # run, table (count + page), timeline,
 # the family (links, resumes on their way), the run's resumes, time to recover; the
 # charts come in a request of their own:

@@ -96,10 +96,10 @@ def test_the_failed_parent_says_it_was_resumed_and_the_family_recovered(project,
 def test_a_failed_run_with_a_resume_on_its_way_is_failed_resuming(project, viewer):
     run = make_run(project, "lone", name="lone", status="failed")
     checkpoint = make_checkpoint(run, 10)
-    html = as_user(viewer).get("/p/alpha/").content.decode()
+    html = as_user(viewer).get("/p/alpha/", {"problems": 1}).content.decode()
     assert "failed, resuming" not in html and "failed, not resumed" in html
     Resume.objects.create(project=project, run=run, checkpoint=checkpoint, status="launching")
-    html = as_user(viewer).get("/p/alpha/").content.decode()
+    html = as_user(viewer).get("/p/alpha/", {"problems": 1}).content.decode()
     assert ">failed, resuming</span>" in html
     assert "failed, not resumed" not in html  # not a problem any more: help is on its way
     page = as_user(viewer).get("/p/alpha/runs/lone/").content.decode()
@@ -119,7 +119,7 @@ def test_the_problems_summary_counts_and_links_to_each_filter(project, viewer):
     make_checkpoint(damaged, 2, status="corrupt")
     make_checkpoint(damaged, 3, status="suspicious")
     client = as_user(viewer)
-    html = client.get("/p/alpha/").content.decode()
+    html = client.get("/p/alpha/", {"problems": 1}).content.decode()  # drawn in the page
     problems = html.split('id="problems"')[1].split("</section>")[0]
     assert "<strong>1</strong> failed, not resumed" in problems
     assert "<strong>1</strong> overdue" in problems
@@ -135,11 +135,13 @@ def test_the_problems_summary_counts_and_links_to_each_filter(project, viewer):
 
 def test_no_problems_says_so(project, viewer):
     make_checkpoint(make_run(project, "fine"), 1)
-    html = as_user(viewer).get("/p/alpha/").content.decode()
+    html = as_user(viewer).get("/p/alpha/", {"problems": 1}).content.decode()
     assert ">No problems</span>" in html
 
 
-def test_the_runs_list_refreshes_itself_only_while_visible(project, viewer):
+def test_the_runs_list_refreshes_itself_only_while_visible(
+    project, viewer, django_assert_num_queries
+):
     make_run(project, "r")
     client = as_user(viewer)
     html = client.get("/p/alpha/", {"q": "r"}).content.decode()
@@ -148,7 +150,12 @@ def test_the_runs_list_refreshes_itself_only_while_visible(project, viewer):
     fragment = client.get(
         "/p/alpha/", {"q": "r"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="run-list"
     ).content.decode()
-    assert fragment.lstrip().startswith('<div id="run-list"') and 'id="problems"' in fragment
+    assert fragment.lstrip().startswith('<div id="run-list"') and 'id="problems"' not in fragment
+    # The problems summary: a request of its own, on the same rhythm, a constant cost.
+    assert 'hx-get="/p/alpha/?problems=1"' in html and "Counting problems" in html
+    with django_assert_num_queries(3 + 3):
+        problems = client.get("/p/alpha/", {"problems": 1}, HTTP_HX_REQUEST="true")
+    assert ">No problems</span>" in problems.content.decode()
 
 
 # --- One rule of what can be resumed from --------------------------------------------------

@@ -93,6 +93,10 @@ def projects(request):
 @project_view()
 def runs(request):
     project = request.project
+    if "problems" in request.GET and request.htmx:
+        # The problems summary in a request of its own (problems.summary says why).
+        context = {"project": project, "problems": problems.summary(project.pk)}
+        return render(request, "dashboard/runs.html#problems", context)
     q = request.GET.get("q", "").strip()
     tag = request.GET.get("tag", "").strip()
     status = request.GET.get("status", "")
@@ -130,7 +134,8 @@ def runs(request):
         "access": request.access,
         "page": page,
         "groups": families.grouped(project.pk, page.object_list),
-        "problems": problems.summary(project.pk),
+        # Without JavaScript, ?problems=1 draws the summary in the page.
+        "problems": problems.summary(project.pk) if "problems" in request.GET else None,
         "refresh_s": RUNS_REFRESH_S,
         "refresh_url": f"{request.path}?{request.GET.urlencode()}",
         "q": q,

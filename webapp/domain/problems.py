@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from django.db.models import Count, Exists, OuterRef, Q
 
+from webapp.domain.models.checkpoints import DAMAGED as DAMAGED_STATUSES
+
 # Filter values of the runs list beyond RunStatus and Health.
 UNRESUMED_FAILED = "failed-unresumed"
 DAMAGED = "damaged"
@@ -26,13 +28,15 @@ def damaged_q() -> Q:
     """A run with a corrupt or suspicious checkpoint."""
     from webapp.domain.models import Checkpoint
 
-    bad = Checkpoint.objects.filter(run=OuterRef("pk"), status__in=("corrupt", "suspicious"))
+    bad = Checkpoint.objects.filter(run=OuterRef("pk"), status__in=DAMAGED_STATUSES)
     return Q(Exists(bad))
 
 
 def summary(project_id: int) -> list[dict]:
     """[{filter, count, label, tone}] for the problems of the project's runs, the ones
-    with a count only; three queries, each on an index."""
+    with a count only; three queries. The overdue and late count works out the health
+    of every running run (about 200 ms at 10,000 runs), so the runs list asks for the
+    summary in a request of its own, after the page is up."""
     from webapp.domain.models import Checkpoint, Run
 
     runs = Run.objects.filter(project_id=project_id)
@@ -46,9 +50,9 @@ def summary(project_id: int) -> list[dict]:
             late=Count("pk", filter=Q(health="late")),
         )
     )
-    # Through the runs: (run, status, step) is the index that finds them.
+    # The partial index checkpoint_damaged holds exactly these rows.
     checkpoints = dict(
-        Checkpoint.objects.filter(run__in=runs.values("pk"), status__in=("corrupt", "suspicious"))
+        Checkpoint.objects.filter(project_id=project_id, status__in=DAMAGED_STATUSES)
         .values("status")
         .annotate(n=Count("pk"))
         .values_list("status", "n")

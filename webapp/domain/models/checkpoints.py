@@ -26,6 +26,9 @@ class CheckpointStatus(models.TextChoices):
 # Statuses a validation task still has to settle; the sweeper looks for these.
 UNSETTLED = (CheckpointStatus.REPORTED, CheckpointStatus.VERIFYING)
 
+# What the runs list counts as problems of a run's checkpoints.
+DAMAGED = (CheckpointStatus.CORRUPT, CheckpointStatus.SUSPICIOUS)
+
 # The local copy is damaged or gone, but the bytes that were verified may live on in a
 # replica (replicas are made of verified checkpoints only): resume.prepare() restores
 # the local copy from a verified replica before the job starts.
@@ -108,6 +111,13 @@ class Checkpoint(models.Model):
                 fields=["validation_enqueued_at"],
                 name="checkpoint_unsettled",
                 condition=models.Q(status__in=UNSETTLED),
+            ),
+            # The runs list's problems summary counts these per project: few rows, so a
+            # partial index answers without reading the project's million checkpoints.
+            models.Index(
+                fields=["project", "status"],
+                name="checkpoint_damaged",
+                condition=models.Q(status__in=DAMAGED),
             ),
         ]
 
