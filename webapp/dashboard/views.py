@@ -59,8 +59,10 @@ STATUS_FILTERS = [(s.value, s.label) for s in RunStatus] + [
     (problems.UNRESUMED_FAILED, "Failed, not resumed"),
     (problems.DAMAGED, "Corrupt or suspicious checkpoints"),
 ]
-# The runs list refreshes itself this often while the page is visible.
+# The runs list refreshes itself this often while the page is visible; the problems
+# summary, which works out every running run's health (problems.summary), less often.
 RUNS_REFRESH_S = 10
+PROBLEMS_REFRESH_S = 30
 
 
 def poll_delay_ms(request) -> tuple[int, int]:
@@ -137,6 +139,7 @@ def runs(request):
         # Without JavaScript, ?problems=1 draws the summary in the page.
         "problems": problems.summary(project.pk) if "problems" in request.GET else None,
         "refresh_s": RUNS_REFRESH_S,
+        "problems_refresh_s": PROBLEMS_REFRESH_S,
         "refresh_url": f"{request.path}?{request.GET.urlencode()}",
         "q": q,
         "tag": tag,
