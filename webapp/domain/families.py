@@ -5,7 +5,7 @@ family tells them apart (attempt 1, 2, 3 in the order they started) and says how
 family as a whole stands: a failed first attempt whose resume finished has "recovered".
 
 The links are Run.resumed_from (a checkpoint of the parent). Few runs are resumes, so
-all the links of a project are read at once (the partial index on resumed_from finds
+all the links of a project are read at once (the index on resumed_from finds
 them), and a page of runs costs two or three queries whatever its length.
 """
 
