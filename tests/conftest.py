@@ -606,3 +606,47 @@ def server(worker_env):
     web.start()
     yield web
     web.stop()
+
+
+# --- Chromium for the browser tests (tests/test_browser*.py) ------------------------------
+# Here, not in one test module: Playwright's sync API allows one instance per process, so
+# every browser test module shares this session's.
+
+CHROMIUM = os.environ.get("LIFEBOAT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _need_browser():
+    problem = None
+    if not Path(CHROMIUM).exists():
+        problem = f"no Chromium at {CHROMIUM} (apt-get install -y chromium)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            problem = "Playwright is not installed (pip install -e '.[dev]')"
+    if problem:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"browser tests cannot run under CI: {problem}", pytrace=False)
+        pytest.skip(problem)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the tests
+    # make between browser steps are still plain synchronous calls.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()

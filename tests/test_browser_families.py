@@ -26,9 +26,9 @@ from webapp.domain.models import (
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-# The fixtures of tests/test_browser.py: Chromium (skipped, or failed under CI=true,
-# without it), the gunicorn server, the screenshots folder.
-browser, web, shots = base.browser, base.web, base.shots
+# The fixtures of tests/test_browser.py: the gunicorn server, the screenshots folder
+# (Chromium, skipped or failed under CI=true without it, is conftest.py's `browser`).
+web, shots = base.web, base.shots
 
 # A command much wider than the confirmation's box (the was 1,261 px in 832).
 LONG_TEMPLATE = (
