@@ -129,6 +129,9 @@ def test_an_overdue_run_is_recorded_once_even_by_concurrent_sweeps(
     assert "(expected every 10 min)" in sent["text"]
     assert sent["lifeboat"]["kind"] == "run.overdue" and sent["lifeboat"]["run"] == "train"
     assert sent["lifeboat"]["url"].endswith("/p/alpha/runs/train/")
+    # The alert links to the run page's "Resume from the latest verified checkpoint".
+    assert sent["lifeboat"]["resume_url"].endswith("/p/alpha/runs/train/#recover")
+    assert "#recover|Resume from the latest verified checkpoint>" in sent["text"]
     # Processing the same flip again sends nothing more.
     assert alerts.process(Flip.objects.get().pk) == []
 

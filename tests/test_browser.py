@@ -298,8 +298,10 @@ def test_an_operator_restore_tests_and_resumes_after_confirming_the_command(
     shots("resume-confirm", page)
 
     page.get_by_role("button", name="Start the resume").click()
-    expect(page.get_by_role("heading", name="Step 100")).to_be_visible()
+    # Post/redirect/get onto the resume's live row on the run page.
+    expect(page.get_by_role("heading", name="Llama 7B")).to_be_visible()
     [resume] = Resume.objects.all()
+    assert page.url.endswith(f"/p/alpha/runs/llama/7b/#resume-{resume.pk}")
     assert resume.status == "requested" and resume.command == command
     assert resume.requested_by.username == "otto"
     row = page.locator(f"#resume-{resume.pk}")
@@ -307,14 +309,13 @@ def test_an_operator_restore_tests_and_resumes_after_confirming_the_command(
     expect(row).to_contain_text(command)
     expect(page.locator("#notices")).to_contain_text(f"Resume {resume.pk} of step 100")
     assert [t["args"] for t in queued_tasks(queues, "launch")] == [[resume.pk]]
-    shots("checkpoint-resume-requested", page)
+    shots("run-resume-requested", page)
     from webapp.domain.models import Event
 
     audit = set(Event.objects.filter(actor="user:otto").values_list("type", flat=True))
     assert audit == {"checkpoint.restore_test_requested", "resume.requested"}
 
     # The run page: the measured time to recover, and what checkpointing costs.
-    page.get_by_role("link", name="Llama 7B").click()
     expect(page.locator("#time-to-recover")).to_contain_text("1.8 s")
     expect(page.locator("#analytics dl.analytics")).to_contain_text("Median save time")
     page.get_by_label("Assume an MTBF of").fill("3")

@@ -514,14 +514,16 @@ def fill(project, runs: int, checkpoints: int) -> Run:
 
 
 # session + user + project with role, then the page's own queries
-PROJECT_PAGE_QUERIES = 3 + 2  # count + one page of runs with every figure annotated
-RUN_PAGE_QUERIES = 3 + 1 + 1 + 1 + 1 + 1 + 1  # run (with its checkpoint count, from
-# RunStats), table page, timeline, resumed-as, resumes, time to recover; the charts come in
-# a request of their own:
+PROJECT_PAGE_QUERIES = 3 + 2 + 2  # count + one page of runs with every figure annotated,
+# the families (links, resumes on their way); the problems summary comes on its own
+RUN_PAGE_QUERIES = 3 + 1 + 1 + 1 + 2 + 1 + 1  # run (with its checkpoint count, from
+# RunStats), table page, timeline, the family (links, resumes on their way), the run's
+# resumes, time to recover; the charts come in a request of their own:
 CHARTS_QUERIES = 3 + 1 + 2 + 1 + 2  # run, checkpoint bounds + buckets, which metrics, metric
 # bounds + buckets for every metric at once
-CHECKPOINT_PAGE_QUERIES = 3 + 1 + 1 + 1 + 1 + 1 + 1  # checkpoint, checks (restore tests
-# too), replicas, resumes, files, launch profiles (tensors are in the row)
+CHECKPOINT_PAGE_QUERIES = 3 + 1 + 1 + 1 + 1 + 1 + 1 + 1  # checkpoint, checks (restore
+# tests too), replicas, resumes, can it be resumed from, files, launch profiles (tensors
+# are in the row)
 # The analytics: run, checkpoints, the project's running time and failures for the MTBF
 # (one aggregate; none when an MTBF is assumed), the latest restore test
 ANALYTICS_QUERIES = 3 + 1 + 1 + 1 + 1

@@ -258,8 +258,10 @@ VALIDATION_PUBLISH_MS = env_int("VALIDATION_PUBLISH_MS", 50, minimum=0)
 RESTORE_TEST_EVERY_S = env_int("RESTORE_TEST_EVERY_S", 6 * 3600, minimum=60)
 
 # --- Resume (webapp/domain/resume.py) ---------------------------------------------------
-# How often a launch worker looks at a resumed job (process or Slurm job) until it ends.
-LAUNCH_FOLLOW_S = env_int("LAUNCH_FOLLOW_S", 15, minimum=1)
+# How often a launch worker looks at a resumed job (process or Slurm job) until it ends;
+# the run page's resume row shows a change this long after it happens, at most (one
+# `kill -0`, or one squeue/sacct call, per resume in flight).
+LAUNCH_FOLLOW_S = env_int("LAUNCH_FOLLOW_S", 3, minimum=1)
 # A launched job's environment is built, never inherited (webapp/domain/launch/job_env.py):
 # these names are copied from the worker (no credentials in them), the rest is the
 # profile's env and the resume's LIFEBOAT_* values.

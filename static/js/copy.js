@@ -6,7 +6,7 @@ document.addEventListener("click", async (event) => {
   if (!button) return;
   const source = document.getElementById(button.dataset.copy);
   if (!source) return;
-  const text = (source.value ?? source.textContent).trim();
+  const text = (source.value ?? source.innerText).trim();
   let copied = false;
   try {
     await navigator.clipboard.writeText(text);

@@ -12,13 +12,20 @@ import hashlib
 
 from django.contrib import messages
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
+from django_htmx.http import HttpResponseStopPolling
 
 from webapp.dashboard.access import actor_of, project_view
-from webapp.dashboard.views import _after_action, _get_checkpoint, resume_refusal
+from webapp.dashboard.views import _after_action, _get_checkpoint
 from webapp.domain import actions
 from webapp.domain.actions import ActionRefused
 from webapp.domain.models.projects import Role
+from webapp.domain.models.runs import Health, RunStatus
+
+# The run page's resume rows poll this often while one is on its way: the launch worker
+# looks at the job every LAUNCH_FOLLOW_S, so a change shows within a few seconds.
+RESUME_POLL_MS = 2000
 
 
 @require_POST
@@ -82,7 +89,7 @@ def checkpoint_resume(request, checkpoint_id: int):
     profiles = list(request.project.launch_profiles.order_by("name"))
     chosen = request.POST.get("profile") if request.method == "POST" else request.GET.get("profile")
     profile = next((p for p in profiles if str(p.pk) == str(chosen)), None)
-    error = resume_refusal(checkpoint)
+    error = checkpoint.resume_refusal()
     if not profiles:
         error = error or "this project has no launch profile; an admin adds one in Settings"
     elif profile is None and chosen:
@@ -113,7 +120,9 @@ def checkpoint_resume(request, checkpoint_id: int):
                     f"Resume {resume.pk} of step {checkpoint.step} with {profile.name} is "
                     f"queued for launch: {resume.command}",
                 )
-                return redirect("dashboard:checkpoint", request.project.slug, checkpoint.pk)
+                # Post/redirect/get, to the resume's live row on the run page.
+                run_page = reverse("dashboard:run", args=[request.project.slug, checkpoint.run.key])
+                return redirect(f"{run_page}#resume-{resume.pk}")
 
     context = {
         "project": request.project,
@@ -122,6 +131,9 @@ def checkpoint_resume(request, checkpoint_id: int):
         "profiles": profiles,
         "profile": profile,
         "command": command,
+        # Wrapped between words only: a word's own hyphens are no place to break it.
+        "command_words": command.split(" "),
+        "template_words": profile.command_template.split(" ") if profile is not None else [],
         "digest": template_digest(profile) if profile is not None else "",
         "values": values,
         "variables": _variables_used(profile, values),
@@ -130,3 +142,73 @@ def checkpoint_resume(request, checkpoint_id: int):
     }
     status = 400 if request.method == "POST" and error else 200
     return render(request, "dashboard/checkpoint_resume.html", context, status=status)
+
+
+# --- The run page: recovery where the trouble shows --------------------------------------
+
+
+def recovery_offer(request, run, family) -> dict | None:
+    """For a failed or overdue run: the newest checkpoint a resume can start from along
+    its lineage (resume.latest_resumable, the one rule) and the launch profiles to start
+    it with; None for a run that is fine, or whose family has recovered already (its
+    lineage lines say so)."""
+    from webapp.domain import families
+    from webapp.domain import resume as resumes
+
+    if run.status != RunStatus.FAILED and run.health != Health.OVERDUE:
+        return None
+    if family.state in (families.RECOVERED, families.RECOVERED_RUNNING):
+        return None
+    checkpoint = resumes.latest_resumable(resumes.lineage(run))
+    return {
+        "why": "failed" if run.status == RunStatus.FAILED else "overdue",
+        "resuming": family.resuming,
+        "checkpoint": checkpoint,
+        "via_replica": checkpoint is not None and checkpoint.status != "verified",
+        "profiles": list(request.project.launch_profiles.order_by("name")),
+    }
+
+
+def resumes_context(request, run) -> dict:
+    """The resumes from the run's checkpoints, newest first, and whether to keep polling."""
+    from webapp.domain import families
+    from webapp.domain.resume import FINAL
+
+    resumes = list(
+        run.resumes.select_related("checkpoint", "profile", "requested_by", "new_run").order_by(
+            "-created_at"
+        )[:20]
+    )
+    children = [r.new_run_id for r in resumes if r.new_run_id]
+    labels = families.families_of(request.project.pk, children) if children else {}
+    for resume in resumes:
+        resume.is_final = resume.status in FINAL
+        if resume.new_run_id:
+            resume.new_run_label = labels[resume.new_run_id].label(resume.new_run_id)
+    return {
+        "resumes": resumes,
+        "resumes_polling": any(not r.is_final for r in resumes),
+        "resume_poll_ms": RESUME_POLL_MS,
+        "resumes_url": f"{request.path}?resumes=1",
+    }
+
+
+def resumes_fragment(request, run):
+    """The resume rows, and out of band the family's state and the recovery offer,
+    which a resume's progress changes."""
+    from webapp.domain import families
+
+    family = families.families_of(request.project.pk, [run])[run.pk]
+    context = {
+        "project": request.project,
+        "access": request.access,
+        "run": run,
+        "family": family,
+        "recover": recovery_offer(request, run, family),
+        "oob": True,
+        **resumes_context(request, run),
+    }
+    response = render(request, "dashboard/run_detail.html#resumes", context)
+    if not context["resumes_polling"]:
+        response.status_code = HttpResponseStopPolling.status_code
+    return response

@@ -23,10 +23,9 @@ from django_htmx.http import HttpResponseStopPolling
 from webapp.dashboard import charts
 from webapp.dashboard.access import actor_of, project_view, visible_projects
 from webapp.dashboard.run_sorting import RUN_SORTS, pager_labels, run_ordering, sort_and_direction
-from webapp.domain import actions, run_health
+from webapp.domain import actions, families, problems, run_health
 from webapp.domain.actions import ActionRefused
 from webapp.domain.models import Checkpoint, Run, Validation
-from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.projects import Role
 from webapp.domain.models.recovery import (
     ReplicaStatus,
@@ -50,7 +49,13 @@ STATUS_FILTERS = [(s.value, s.label) for s in RunStatus] + [
     (Health.UP.value, "Up"),
     (Health.LATE.value, "Late"),
     (Health.OVERDUE.value, "Overdue"),
+    (problems.UNRESUMED_FAILED, "Failed, not resumed"),
+    (problems.DAMAGED, "Corrupt or suspicious checkpoints"),
 ]
+# The runs list refreshes itself this often while the page is visible; the problems
+# summary, which works out every running run's health (problems.summary), less often.
+RUNS_REFRESH_S = 10
+PROBLEMS_REFRESH_S = 30
 
 
 def poll_delay_ms(request) -> tuple[int, int]:
@@ -83,11 +88,20 @@ def projects(request):
 @project_view()
 def runs(request):
     project = request.project
+    if "problems" in request.GET and request.htmx:
+        # The problems summary in a request of its own (problems.summary says why).
+        context = {"project": project, "problems": problems.summary(project.pk)}
+        return render(request, "dashboard/runs.html#problems", context)
     q = request.GET.get("q", "").strip()
     tag = request.GET.get("tag", "").strip()
     status = request.GET.get("status", "")
     sort, direction = sort_and_direction(request)
-    run_list = Run.objects.filter(project=project).with_dashboard_stats().with_health()
+    run_list = (
+        Run.objects.filter(project=project)
+        .with_dashboard_stats()
+        .with_health()
+        .with_problem_counts()
+    )
     if q:
         run_list = run_list.filter(Q(name__icontains=q) | Q(key__icontains=q))
     if tag:
@@ -96,6 +110,10 @@ def runs(request):
         run_list = run_list.filter(status=status)
     elif status in (Health.UP, Health.LATE, Health.OVERDUE):
         run_list = run_health.watched(run_list).filter(health=status)
+    elif status == problems.UNRESUMED_FAILED:
+        run_list = run_list.filter(problems.unresumed_failed_q())
+    elif status == problems.DAMAGED:
+        run_list = run_list.filter(problems.damaged_q())
     else:
         status = ""
     page = Paginator(run_list.order_by(*run_ordering(sort, direction)), RUNS_PER_PAGE).get_page(
@@ -108,7 +126,12 @@ def runs(request):
         "project": project,
         "access": request.access,
         "page": page,
-        "runs": page.object_list,
+        "groups": families.grouped(project.pk, page.object_list),
+        # Without JavaScript, ?problems=1 draws the summary in the page.
+        "problems": problems.summary(project.pk) if "problems" in request.GET else None,
+        "refresh_s": RUNS_REFRESH_S,
+        "problems_refresh_s": PROBLEMS_REFRESH_S,
+        "refresh_url": f"{request.path}?{request.GET.urlencode()}",
         "q": q,
         "tag": tag,
         "status": status,
@@ -178,6 +201,12 @@ def run_detail(request, key: str):
         run = get_object_or_404(Run, project=project, key=key)
         context = {"run": run, "charts": charts.run_charts(run, _metric_keys(run))}
         return render(request, "dashboard/run_detail.html#charts", context)
+    if "resumes" in request.GET and request.htmx:
+        # The resumes of the run, polled while one is on its way (recovery_views).
+        from webapp.dashboard.recovery_views import resumes_fragment
+
+        run = get_object_or_404(Run.objects.filter(project=project).with_health(), key=key)
+        return resumes_fragment(request, run)
     if "analytics" in request.GET and request.htmx:
         # What checkpointing costs and the interval that costs least: for_run() reads every
         # checkpoint of the run and the project's runs, so it has a request of its own too.
@@ -199,16 +228,18 @@ def run_detail(request, key: str):
         if not table["polling"]:
             response.status_code = HttpResponseStopPolling.status_code
         return response
+    from webapp.dashboard.recovery_views import recovery_offer, resumes_context
+
+    family = families.families_of(project.pk, [run])[run.pk]
+    run.label, run.member = family.label(run.pk), family.get(run.pk)
+    parent = family.get(run.member.parent_id) if run.member.parent_id in family else None
     context.update(
         timeline=list(run.events.order_by("-time", "-id")[:TIMELINE_LENGTH]),
-        # "resumed_from IS NOT NULL" first: few runs are resumes, and its index finds
-        # them without joining every checkpoint of this run.
-        resumed_as=list(
-            Run.objects.filter(project=project, resumed_from__isnull=False)
-            .filter(resumed_from__run=run)
-            .select_related("resumed_from")[:20]
-        ),
-        resumes=list(run.resumes.select_related("checkpoint", "profile", "requested_by")[:20]),
+        family=family,
+        parent=parent,
+        children=family.children_of(run.pk),
+        recover=recovery_offer(request, run, family),
+        **resumes_context(request, run),
         # Without JavaScript, ?charts=1 draws them in the page itself.
         charts=charts.run_charts(run, _metric_keys(run)) if "charts" in request.GET else None,
         charts_url=f"{request.path}?charts=1",
@@ -300,15 +331,6 @@ def restore_phases(validation) -> list[tuple[str, float | None]]:
     return [(label, timings.get(key)) for key, label in RESTORE_PHASES]
 
 
-def resume_refusal(checkpoint) -> str:
-    if checkpoint.status != CheckpointStatus.VERIFIED:
-        return (
-            f"step {checkpoint.step} is {checkpoint.get_status_display().lower()}: only a "
-            "verified checkpoint can be resumed from"
-        )
-    return ""
-
-
 def _checkpoint_context(request, checkpoint) -> dict:
     now = timezone.now()
     validations = list(checkpoint.validations.order_by("-created_at")[:20])
@@ -359,6 +381,9 @@ def _checkpoint_context(request, checkpoint) -> dict:
         "validations": [v for v in validations if v.kind != ValidationKind.RESTORE],
         "restores": [v for v in validations if v.kind == ValidationKind.RESTORE],
         "has_verified_replica": any(r.status == ReplicaStatus.VERIFIED for r in replicas),
+        # The one rule (models/checkpoints.resumable_q), also on every poll: the buttons
+        # of the live part follow it.
+        "resume_refusal": checkpoint.resume_refusal(),
         "replicas": replicas,
         "resumes": resumes,
         "restore_phase_labels": RESTORE_PHASES,
@@ -398,7 +423,6 @@ def checkpoint_detail(request, checkpoint_id: int):
     context["tensors"] = sorted(tensors.items())[:200]
     context["tensor_count"] = len(tensors)
     context["launch_profiles"] = list(request.project.launch_profiles.order_by("name"))
-    context["resume_refusal"] = resume_refusal(checkpoint)
     return render(request, "dashboard/checkpoint_detail.html", context)
 
 

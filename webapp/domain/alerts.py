@@ -324,6 +324,10 @@ class PermanentError(Exception):
     """Another try would fail the same way (a 4xx, a malformed address)."""
 
 
+# The flips whose run the page offers to resume (dashboard recovery_views.recovery_offer).
+RECOVERABLE = ("run.failed", "run.overdue")
+
+
 def payload(flip) -> dict:
     """Slack-compatible: Slack (and Mattermost, Discord's /slack endpoint) show `text`;
     anything else can read the `lifeboat` object."""
@@ -334,8 +338,14 @@ def payload(flip) -> dict:
     if flip.checkpoint_id:
         link = f"{base}/p/{flip.project.slug}/checkpoints/{flip.checkpoint_id}/"
     icon = SEVERITY_ICON.get(flip.kind, "")
+    text = f"{icon} [{flip.project.slug}] {flip.message} <{link}|Open in Lifeboat>"
+    # Recovery where the trouble shows: the run page's "Resume from the latest verified
+    # checkpoint" (templates/dashboard/run_detail.html, #recover).
+    resume_url = f"{link}#recover" if flip.kind in RECOVERABLE and flip.run_id else None
+    if resume_url:
+        text += f" · <{resume_url}|Resume from the latest verified checkpoint>"
     return {
-        "text": f"{icon} [{flip.project.slug}] {flip.message} <{link}|Open in Lifeboat>",
+        "text": text,
         "lifeboat": {
             "kind": flip.kind,
             "project": flip.project.slug,
@@ -343,6 +353,7 @@ def payload(flip) -> dict:
             "checkpoint": flip.checkpoint_id,
             "message": flip.message,
             "url": link,
+            "resume_url": resume_url,
             "time": flip.created_at.isoformat(),
             "data": flip.data,
         },
@@ -377,6 +388,8 @@ def _send_email(addresses: str, flip) -> int:
     subject = f"[Lifeboat {flip.project.slug}] {flip.get_kind_display()}"
     body = payload(flip)
     text = f"{flip.message}\n\n{body['lifeboat']['url']}\n"
+    if body["lifeboat"]["resume_url"]:
+        text += f"\nResume from the latest verified checkpoint: {body['lifeboat']['resume_url']}\n"
     try:
         send_mail(subject, text, settings.DEFAULT_FROM_EMAIL, to, fail_silently=False)
     except (smtplib.SMTPException, OSError) as exc:

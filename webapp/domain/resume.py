@@ -100,11 +100,9 @@ def request(checkpoint, profile, *, user=None, actor: str = "", automatic: bool 
     """Create the Resume and queue its launch after commit. Call inside a transaction."""
     from webapp.domain.models import Event, Resume
 
-    if checkpoint.status != "verified":
-        raise ResumeError(
-            f"checkpoint {checkpoint.pk} is {checkpoint.status}: only a verified checkpoint "
-            "can be resumed from"
-        )
+    refusal = checkpoint.resume_refusal()  # the one rule (models/checkpoints.resumable_q)
+    if refusal:
+        raise ResumeError(refusal)
     if profile.project_id != checkpoint.project_id:
         raise ResumeError("that launch profile belongs to another project")
     try:
@@ -421,6 +419,15 @@ def lineage(run) -> list:
     return chain
 
 
+def latest_resumable(chain) -> object | None:
+    """The newest checkpoint a resume can start from along the lineage (newest run
+    first): a resumed job that died before its first checkpoint restarts from its
+    parent's."""
+    return next(
+        (c for c in (r.latest_resumable_checkpoint() for r in chain) if c is not None), None
+    )
+
+
 def maybe_auto_resume(run, reason: str):
     """If the project asks for it, resume a failed or silent run from its latest verified
     checkpoint, at most project.max_restarts times along its lineage (Determined's
@@ -435,11 +442,7 @@ def maybe_auto_resume(run, reason: str):
         return None
     chain = lineage(run)
     used = Resume.objects.filter(run__in=chain, automatic=True).count()
-    # The newest verified checkpoint along the lineage: a resumed job that died before
-    # its first checkpoint restarts from its parent's.
-    checkpoint = next(
-        (c for c in (r.latest_verified_checkpoint() for r in chain) if c is not None), None
-    )
+    checkpoint = latest_resumable(chain)
     if checkpoint is None or used >= project.max_restarts:
         why = (
             f"it was resumed automatically {used} times already (max {project.max_restarts})"

@@ -26,6 +26,33 @@ class CheckpointStatus(models.TextChoices):
 # Statuses a validation task still has to settle; the sweeper looks for these.
 UNSETTLED = (CheckpointStatus.REPORTED, CheckpointStatus.VERIFYING)
 
+# What the runs list counts as problems of a run's checkpoints.
+DAMAGED = (CheckpointStatus.CORRUPT, CheckpointStatus.SUSPICIOUS)
+
+# The local copy is damaged or gone, but the bytes that were verified may live on in a
+# replica (replicas are made of verified checkpoints only): resume.prepare() restores
+# the local copy from a verified replica before the job starts.
+LOCAL_COPY_LOST = (
+    CheckpointStatus.CORRUPT,
+    CheckpointStatus.MISSING,
+    CheckpointStatus.DELETING,
+    CheckpointStatus.DELETED,
+)
+
+
+def resumable_q() -> models.Q:
+    """THE rule of what a run can be resumed from, as a filter on checkpoints: verified
+    here, or its local copy lost and a replica verified. resume.request() refuses what
+    it excludes; the dashboard's pages, buttons and "latest verified" use it too."""
+    from django.db.models import Exists, OuterRef
+
+    from webapp.domain.models.recovery import Replica, ReplicaStatus
+
+    replica = Replica.objects.filter(checkpoint=OuterRef("pk"), status=ReplicaStatus.VERIFIED)
+    return models.Q(status=CheckpointStatus.VERIFIED) | models.Q(
+        models.Q(status__in=LOCAL_COPY_LOST), Exists(replica)
+    )
+
 
 class Checkpoint(models.Model):
     project = models.ForeignKey(
@@ -85,10 +112,32 @@ class Checkpoint(models.Model):
                 name="checkpoint_unsettled",
                 condition=models.Q(status__in=UNSETTLED),
             ),
+            # The runs list's problems summary counts these per project: few rows, so a
+            # partial index answers without reading the project's million checkpoints.
+            models.Index(
+                fields=["project", "status"],
+                name="checkpoint_damaged",
+                condition=models.Q(status__in=DAMAGED),
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.run.key}@{self.step}"
+
+    def resume_refusal(self) -> str:
+        """Why this checkpoint cannot be resumed from ("" when it can), by resumable_q()."""
+        if Checkpoint.objects.filter(pk=self.pk).filter(resumable_q()).exists():
+            return ""
+        status = self.get_status_display().lower()
+        if self.status in LOCAL_COPY_LOST:
+            return (
+                f"step {self.step} is {status} and no replica of it is verified: only a "
+                "verified checkpoint, or one with a verified replica, can be resumed from"
+            )
+        return (
+            f"step {self.step} is {status}: only a verified checkpoint, or one with a "
+            "verified replica, can be resumed from"
+        )
 
     @property
     def is_settled(self) -> bool:

@@ -56,11 +56,12 @@ class RunQuerySet(models.QuerySet):
         storage_bytes, checkpoint_count), and from a correlated subquery on an index
         each, computed for the rows shown only, latest_verified_step and
         verified_replicas."""
-        from webapp.domain.models.checkpoints import Checkpoint, CheckpointStatus
+        from webapp.domain.models.checkpoints import Checkpoint, resumable_q
         from webapp.domain.models.recovery import Replica, ReplicaStatus
 
         of_run = Checkpoint.objects.filter(run=OuterRef("pk"))
-        verified = of_run.filter(status=CheckpointStatus.VERIFIED).order_by("-step")
+        # "Latest verified": what a resume can start from, a verified replica included.
+        verified = of_run.filter(resumable_q()).order_by("-step")
         replicas = (
             Replica.objects.filter(checkpoint__run=OuterRef("pk"), status=ReplicaStatus.VERIFIED)
             .order_by()
@@ -86,6 +87,26 @@ class RunQuerySet(models.QuerySet):
             checkpoint_count=Coalesce(
                 F("stats__checkpoint_count"), Value(0), output_field=models.BigIntegerField()
             ),
+        )
+
+    def with_problem_counts(self):
+        """Annotate corrupt_checkpoints and suspicious_checkpoints: two counts per run,
+        each on the (run, status, step) index."""
+        from webapp.domain.models.checkpoints import Checkpoint, CheckpointStatus
+
+        def count(status):
+            rows = (
+                Checkpoint.objects.filter(run=OuterRef("pk"), status=status)
+                .order_by()
+                .values("run")
+                .annotate(n=models.Count("pk"))
+                .values("n")
+            )
+            return Coalesce(Subquery(rows), Value(0), output_field=models.IntegerField())
+
+        return self.annotate(
+            corrupt_checkpoints=count(CheckpointStatus.CORRUPT),
+            suspicious_checkpoints=count(CheckpointStatus.SUSPICIOUS),
         )
 
     def with_health(self, now=None):
@@ -167,6 +188,12 @@ class Run(models.Model):
         from webapp.domain.models.checkpoints import CheckpointStatus
 
         return self.checkpoints.filter(status=CheckpointStatus.VERIFIED).order_by("-step").first()
+
+    def latest_resumable_checkpoint(self):
+        """The newest checkpoint a resume can start from (checkpoints.resumable_q)."""
+        from webapp.domain.models.checkpoints import resumable_q
+
+        return self.checkpoints.filter(resumable_q()).order_by("-step").first()
 
 
 class RunStats(models.Model):

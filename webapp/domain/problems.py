@@ -1,0 +1,74 @@
+"""What needs a person on a project's runs, counted for the top of the runs list (as
+healthchecks counts its checks that are down): runs that failed and were not resumed,
+runs overdue or late, and runs with corrupt or suspicious checkpoints. Each count links
+to the runs list filtered to it (the `status` values of dashboard.views.runs)."""
+
+from __future__ import annotations
+
+from django.db.models import Count, Exists, OuterRef, Q
+
+from webapp.domain.models.checkpoints import DAMAGED as DAMAGED_STATUSES
+
+# Filter values of the runs list beyond RunStatus and Health.
+UNRESUMED_FAILED = "failed-unresumed"
+DAMAGED = "damaged"
+
+
+def unresumed_failed_q() -> Q:
+    """Failed, and no run resumed from it and no resume of it on its way."""
+    from webapp.domain.models import Resume, Run
+    from webapp.domain.resume import FINAL
+
+    child = Run.objects.filter(resumed_from__isnull=False, resumed_from__run=OuterRef("pk"))
+    pending = Resume.objects.filter(run=OuterRef("pk")).exclude(status__in=FINAL)
+    return Q(status="failed") & ~Q(Exists(child)) & ~Q(Exists(pending))
+
+
+def damaged_q() -> Q:
+    """A run with a corrupt or suspicious checkpoint."""
+    from webapp.domain.models import Checkpoint
+
+    bad = Checkpoint.objects.filter(run=OuterRef("pk"), status__in=DAMAGED_STATUSES)
+    return Q(Exists(bad))
+
+
+def summary(project_id: int) -> list[dict]:
+    """[{filter, count, label, tone}] for the problems of the project's runs, the ones
+    with a count only; three queries. The overdue and late count works out the health
+    of every running run (about 200 ms at 10,000 runs), so the runs list asks for the
+    summary in a request of its own, after the page is up."""
+    from webapp.domain.models import Checkpoint, Run
+
+    runs = Run.objects.filter(project_id=project_id)
+    failed = runs.filter(status="failed").filter(unresumed_failed_q()).count()
+    # Only a running run can be late or overdue (Health.ENDED otherwise).
+    counts = (
+        runs.filter(status="running")
+        .with_health()
+        .aggregate(
+            overdue=Count("pk", filter=Q(health="overdue")),
+            late=Count("pk", filter=Q(health="late")),
+        )
+    )
+    # The partial index checkpoint_damaged holds exactly these rows.
+    checkpoints = dict(
+        Checkpoint.objects.filter(project_id=project_id, status__in=DAMAGED_STATUSES)
+        .values("status")
+        .annotate(n=Count("pk"))
+        .values_list("status", "n")
+    )
+    rows = [
+        (UNRESUMED_FAILED, failed, "failed, not resumed", "bad"),
+        ("overdue", counts["overdue"], "overdue", "bad"),
+        ("late", counts["late"], "late", "warn"),
+        (DAMAGED, checkpoints.get("corrupt", 0), "corrupt checkpoint", "bad"),
+        (DAMAGED, checkpoints.get("suspicious", 0), "suspicious checkpoint", "warn"),
+    ]
+    return [
+        {
+            "filter": f, "count": n, "tone": tone,
+            "label": f"{label}s" if n != 1 and label.endswith("checkpoint") else label,
+        }
+        for f, n, label, tone in rows
+        if n
+    ]  # fmt: skip
