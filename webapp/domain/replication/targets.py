@@ -39,7 +39,7 @@ def client_for(target, *, pool: int | None = None, retries: int | None = None):
 
     access = target_access(target)
     key, secret, endpoint, region = access.key, access.secret, access.endpoint, access.region
-    pool = pool or settings.REPLICATION_CONCURRENCY + 2
+    pool = pool or max(settings.REPLICATION_CONCURRENCY, settings.REPLICATION_FILES_AT_ONCE) + 2
     retries = retries or settings.REPLICATION_S3_RETRIES
     cache_key = (endpoint, region, key, secret, pool, retries)
     with _clients_lock:
