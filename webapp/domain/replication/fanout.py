@@ -70,8 +70,6 @@ def send_files(
     skipped: list[dict] = []
 
     def one(entry: dict) -> None:
-        if stop.is_set():
-            return
         if present(entry):
             tally.add(entry["size"], sent=False)
             with tally.lock:
@@ -89,20 +87,37 @@ def send_files(
             source.close()
         tally.ended(key)
 
-    pool = ThreadPoolExecutor(max_workers=files_at_once, thread_name_prefix="replicate")
+    # `files_at_once` threads take the files in turn: the caller waits on those few
+    # futures, not on one per file (waiting on 10,000 futures costs a core).
+    queue = iter(entries)
+    queue_lock = threading.Lock()
+
+    def worker() -> None:
+        while not stop.is_set():
+            with queue_lock:
+                entry = next(queue, None)
+            if entry is None:
+                return
+            try:
+                one(entry)
+            except BaseException:
+                stop.set()
+                raise
+
+    threads = min(files_at_once, len(entries)) or 1
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="replicate")
     try:
-        futures = [pool.submit(one, entry) for entry in entries]
+        futures = [pool.submit(worker) for _ in range(threads)]
         pending = set(futures)
         while pending:
             finished, pending = wait(pending, timeout=WAKE_S, return_when=FIRST_EXCEPTION)
             on_wake()
             if any(f.exception() for f in finished):
-                stop.set()
                 break
     finally:
-        # Files not begun are dropped; the running ones finish or fail on their own.
-        pool.shutdown(wait=True, cancel_futures=True)
-    errors = [f.exception() for f in futures if not f.cancelled() and f.exception()]
+        stop.set()
+        pool.shutdown(wait=True)
+    errors = [f.exception() for f in futures if f.exception()]
     if errors:
         changed = [e for e in errors if isinstance(e, SourceChanged)]
         raise (changed or errors)[0]
