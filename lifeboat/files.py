@@ -91,21 +91,63 @@ def list_files(location: str | os.PathLike) -> list[Path]:
 
 
 def describe(
-    location: str | os.PathLike, on_read: Callable[[int], None] | None = None
+    location: str | os.PathLike,
+    on_read: Callable[[int], None] | None = None,
+    written: dict[str, dict] | None = None,
 ) -> list[dict]:
     """[{path, size, sha256}] for a checkpoint file or directory; paths relative to the
     directory (for a single file, its own name), with '/' as separator. Raises
     FileNotFoundError if it (or a file in it) is gone, ChangedWhileHashing if a file
-    changed while it was read: what is reported was on disk, whole, as it is."""
+    changed while it was read: what is reported was on disk, whole, as it is.
+    `written` maps paths to the {size, sha256} of the bytes the job wrote, hashed as
+    they were written (HashingWriter): those files are not read again, and what is
+    reported is what the job wrote, so a file changed on disk since is caught by the
+    server's validation instead of being hashed as it now is."""
     root = Path(location)
     files = list_files(root)
     base = root.parent if root.is_file() else root
     described = []
     for path in files:
-        sha256, size = hash_unchanged(path, on_read)
         relative = path.relative_to(base).as_posix()
+        known = (written or {}).get(relative)
+        if known is not None:
+            sha256, size = known["sha256"], known["size"]
+        else:
+            sha256, size = hash_unchanged(path, on_read)
         described.append({"path": relative, "size": size, "sha256": sha256})
     return described
+
+
+class HashingWriter:
+    """A file object for torch.save that hashes the bytes as they are written: the
+    checkpoint's sha256 without reading it back. torch.save (zip format) only calls
+    write() and flush(), in order; anything else (seek, tell, fileno...) is passed to
+    the file but makes the digest unusable (`digest()` is then None, and the file is
+    read and hashed as before)."""
+
+    def __init__(self, handle):
+        self._handle = handle
+        self._sha = hashlib.sha256()
+        self.size = 0
+        self.sequential = True
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self._sha.update(view)  # releases the GIL on large buffers
+        self.size += len(view)
+        return self._handle.write(view)
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def __getattr__(self, name: str):
+        self.sequential = False
+        return getattr(self._handle, name)
+
+    def digest(self) -> dict | None:
+        if not self.sequential:
+            return None
+        return {"size": self.size, "sha256": self._sha.hexdigest()}
 
 
 def listing(location: str | os.PathLike) -> dict[str, int]:
