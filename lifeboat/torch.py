@@ -36,10 +36,13 @@ def _write_file(obj: Any, path: Path, save_kwargs: dict) -> dict | None:
 
     with open(path, "wb") as handle:
         writer = HashingWriter(handle)
-        torch.save(obj, writer, **save_kwargs)
-        handle.flush()
-        os.fsync(handle.fileno())
-    return writer.digest()
+        try:
+            torch.save(obj, writer, **save_kwargs)
+            handle.flush()
+            os.fsync(handle.fileno())  # the hashing thread goes on meanwhile
+        finally:
+            digest = writer.digest()  # also ends the hashing thread after a failed save
+    return digest
 
 
 def atomic_save(
