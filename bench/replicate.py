@@ -4,7 +4,8 @@ the same tree, to the same S3 server, in the same run.
 
     .venv/bin/python bench/replicate.py                         # hf8 1 GiB + 10,000 files
     .venv/bin/python bench/replicate.py --shape hf8 --total 2GiB --rounds 3
-    .venv/bin/python bench/replicate.py --shape many_files --total 256MiB
+    .venv/bin/python bench/replicate.py --shape many_files --many-total 256MiB
+    .venv/bin/python bench/replicate.py --size-mib 256 --rounds 5   # one file
     S3_ENDPOINT_URL=http://host:9000 .venv/bin/python bench/replicate.py
 
 Trees (bench/corpus.py): `hf8`, a Hugging Face folder of 8 safetensors shards with its
@@ -116,6 +117,9 @@ def main() -> int:
     parser.add_argument("--total", default="1GiB", help="bytes per tree (hf8, single)")
     parser.add_argument("--many-total", default="160MiB", help="bytes of the many_files tree")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--size-mib", type=int, help="one file of this many MiB (the shape `single`)"
+    )
     parser.add_argument("--boto3", default="10,32", help="TransferManager concurrencies")
     parser.add_argument("--rclone", default="4,16,32", help="rclone --transfers values")
     parser.add_argument(
@@ -125,6 +129,8 @@ def main() -> int:
     args = parser.parse_args()
     import corpus
 
+    if args.size_mib:
+        args.shape, args.total = args.shape or ["single"], f"{args.size_mib}MiB"
     shapes = args.shape or ["hf8", "many_files"]
     (ROOT / "var").mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-replicate-", dir=ROOT / "var"))
