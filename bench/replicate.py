@@ -1,30 +1,38 @@
-"""Replication throughput on a 1 GiB checkpoint, beside boto3's own upload_file of the
-same file to the same S3 server in the same run.
+"""Replication throughput of a whole checkpoint folder, beside boto3's TransferManager
+(s3transfer) with tuned concurrency and `rclone copy` with its best --transfers, over
+the same tree, to the same S3 server, in the same run.
 
-    .venv/bin/python bench/replicate.py                    # 1 GiB, 3 rounds, :8333
-    .venv/bin/python bench/replicate.py --size-mib 256 --rounds 5
+    .venv/bin/python bench/replicate.py                         # hf8 1 GiB + 10,000 files
+    .venv/bin/python bench/replicate.py --shape hf8 --total 2GiB --rounds 3
+    .venv/bin/python bench/replicate.py --shape many_files --many-total 256MiB
+    .venv/bin/python bench/replicate.py --size-mib 256 --rounds 5   # one file
     S3_ENDPOINT_URL=http://host:9000 .venv/bin/python bench/replicate.py
 
-Phases, alternated round by round over the same file (warm in the page cache, as it is
-when a worker copies a checkpoint the job has just written and validation has just read):
+Trees (bench/corpus.py): `hf8`, a Hugging Face folder of 8 safetensors shards with its
+index; `many_files`, 10,000 small safetensors files in 100 folders; `single`, one file.
+Phases, alternated round by round over the same tree (warm in the page cache, as it is
+when a worker copies a checkpoint the job has just written and validation has read):
 
-  boto3       boto3.client("s3").upload_file(path, bucket, key): its default
-              TransferConfig (8 MiB parts, 10 threads), no sha256 of the whole file
+  boto3 xN    s3transfer.TransferManager(TransferConfig(max_concurrency=N, 16 MiB
+              parts)): every file submitted at once, then waited for; no sha256
+  rclone xN   `rclone copy <tree> bench:<bucket>/<prefix> --transfers N` (its default
+              --checkers 8, 5 MiB parts; an S3 remote set by RCLONE_CONFIG_BENCH_*)
   lifeboat    the replicate task as a worker runs it (workers.replicate.replicate, with
-              its database writes on a scratch SQLite): sha256 of the whole file in the
-              same pass, a SHA-256 checksum on every part checked by the server, the
-              comparison with the recorded sha256, a HEAD of every object, the manifest
+              its database writes on a scratch SQLite): sha256 of every file in the same
+              pass as the upload, a CRC32 on every part checked by the server, a HEAD of
+              every object before it is sent (deduplication), the manifest last
 
-Each round writes under a fresh prefix (so nothing is skipped as already there) and
-deletes what it wrote. Target (issue #5): lifeboat >= 0.9x boto3.
+Each phase writes under a fresh prefix (nothing is skipped as already there) and the
+prefix is deleted after. Target (issue #20): lifeboat >= 0.9x the best baseline.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,18 +42,9 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 MiB = 1024 * 1024
-
-
-def make_file(path: Path, size_mib: int) -> str:
-    digest = hashlib.sha256()
-    with path.open("wb") as out:
-        for _ in range(size_mib):
-            block = os.urandom(MiB)
-            digest.update(block)
-            out.write(block)
-    return digest.hexdigest()
 
 
 def setup_django(var: Path) -> None:
@@ -64,20 +63,76 @@ def setup_django(var: Path) -> None:
 def delete_prefix(client, bucket: str, prefix: str) -> None:
     paginator = client.get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
-        for item in page.get("Contents", []):
-            client.delete_object(Bucket=bucket, Key=item["Key"])
+        keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+
+
+def make_tree(shape: str, root: Path, total: int) -> Path:
+    import corpus
+
+    if shape == "hf8":
+        return corpus.write("hf", root, total, shards=8)
+    return corpus.write(shape, root, total)
+
+
+def boto3_phase(client, bucket, prefix, location: Path, files, concurrency: int) -> None:
+    from boto3.s3.transfer import TransferConfig
+    from s3transfer.manager import TransferManager
+
+    config = TransferConfig(
+        max_concurrency=concurrency, multipart_chunksize=16 * MiB, multipart_threshold=16 * MiB
+    )
+    with TransferManager(client, config) as manager:
+        futures = [
+            manager.upload(str(location / f["path"]), bucket, f"{prefix}/{f['path']}")
+            for f in files
+        ]
+        for future in futures:
+            future.result()
+
+
+def rclone_phase(endpoint, bucket, prefix, location: Path, transfers: int) -> None:
+    env = {
+        **os.environ,
+        "RCLONE_CONFIG_BENCH_TYPE": "s3",
+        "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
+        "RCLONE_CONFIG_BENCH_ENDPOINT": endpoint,
+        "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": os.environ["S3_ACCESS_KEY_ID"],
+        "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": os.environ["S3_SECRET_ACCESS_KEY"],
+        "RCLONE_CONFIG_BENCH_REGION": "us-east-1",
+    }
+    # rclone cannot load a custom CA bundle into its transport, and the endpoint is http.
+    env.pop("AWS_CA_BUNDLE", None)
+    subprocess.run(
+        ["rclone", "copy", str(location), f"bench:{bucket}/{prefix}", "--transfers",
+         str(transfers), "--s3-no-check-bucket", "--config", "/dev/null"],
+        env=env, check=True,
+    )  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size-mib", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shape", action="append", choices=("hf8", "many_files", "single"))
+    parser.add_argument("--total", default="1GiB", help="bytes per tree (hf8, single)")
+    parser.add_argument("--many-total", default="160MiB", help="bytes of the many_files tree")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--size-mib", type=int, help="one file of this many MiB (the shape `single`)"
+    )
+    parser.add_argument("--boto3", default="10,32", help="TransferManager concurrencies")
+    parser.add_argument("--rclone", default="4,16,32", help="rclone --transfers values")
     parser.add_argument(
         "--endpoint", default=os.environ.get("S3_ENDPOINT_URL", "http://127.0.0.1:8333")
     )
     parser.add_argument("--bucket", default=f"bench-replicate-{uuid.uuid4().hex[:6]}")
     args = parser.parse_args()
+    import corpus
 
+    if args.size_mib:
+        args.shape, args.total = args.shape or ["single"], f"{args.size_mib}MiB"
+    shapes = args.shape or ["hf8", "many_files"]
+    (ROOT / "var").mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-replicate-", dir=ROOT / "var"))
     os.environ.setdefault("S3_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("S3_SECRET_ACCESS_KEY", "bench-secret")
@@ -86,8 +141,38 @@ def main() -> int:
     # private endpoints unless the deployment allows them (webapp/domain/outbound.py).
     os.environ.setdefault("LIFEBOAT_OUTBOUND_ALLOW", urlsplit(args.endpoint).netloc)
     setup_django(work / "var")
-
     import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3", endpoint_url=args.endpoint, region_name="us-east-1",
+        aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"],
+        config=Config(max_pool_connections=64),
+    )  # fmt: skip
+    client.create_bucket(Bucket=args.bucket)
+    try:
+        for shape in shapes:
+            total = corpus.parse_size(args.many_total if shape == "many_files" else args.total)
+            print(f"writing {shape} ({total / MiB:,.0f} MiB) ...", flush=True)
+            location = make_tree(shape, work / "trees" / shape, total)
+            files = corpus.manifest(location)
+            if location.is_file():
+                location = location.parent
+            report(shape, measure(args, client, location, files), files, args)
+            shutil.rmtree(work / "trees" / shape, ignore_errors=True)
+    finally:
+        try:
+            delete_prefix(client, args.bucket, "")
+            client.delete_bucket(Bucket=args.bucket)
+        except Exception as exc:  # noqa: BLE001
+            print(f"(could not remove the bench bucket: {exc})")
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def measure(args, client, location: Path, files: list[dict]) -> dict[str, list[float]]:
+    from django.conf import settings
 
     from webapp.domain.models import (
         Checkpoint,
@@ -99,105 +184,78 @@ def main() -> int:
     )
     from workers.replicate import replicate
 
-    client = boto3.client(
-        "s3",
-        endpoint_url=args.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"],
+    project, _ = Project.objects.get_or_create(
+        slug="bench", defaults={"name": "bench", "allowed_roots": [str(location.parent)]}
     )
-    client.create_bucket(Bucket=args.bucket)
-    directory = work / "ckpt"
-    directory.mkdir()
-    path = directory / "model.bin"
-    print(f"writing a {args.size_mib} MiB file ...", flush=True)
-    sha = make_file(path, args.size_mib)
-    size = path.stat().st_size
-
-    project = Project.objects.create(name="bench", slug="bench", allowed_roots=[str(work)])
-    run = Run.objects.create(project=project, key="bench")
-    load_before = os.getloadavg()
-    from django.conf import settings
-
-    phases = {"sha256 parts": "SHA256", "crc32 parts": "CRC32"}
-    results: dict[str, list[float]] = {"boto3": [], **{name: [] for name in phases}}
-    # CPU seconds of this process per phase: steadier than wall time on a busy machine.
-    cpu: dict[str, list[float]] = {name: [] for name in results}
-
-    def cpu_now() -> float:
-        times = os.times()
-        return times.user + times.system
-
-    try:
-        for round_ in range(args.rounds):
-            prefix = f"r{round_}-{uuid.uuid4().hex[:6]}"
-            start, cpu_start = time.perf_counter(), cpu_now()
-            client.upload_file(str(path), args.bucket, f"{prefix}/boto3/model.bin")
-            results["boto3"].append(time.perf_counter() - start)
-            cpu["boto3"].append(cpu_now() - cpu_start)
-            delete_prefix(client, args.bucket, prefix + "/")
-            for n, (name, checksum) in enumerate(phases.items()):
-                settings.REPLICATION_PART_CHECKSUM = checksum
+    project.allowed_roots = [str(location.parent)]
+    project.save()
+    run, _ = Run.objects.get_or_create(project=project, key="bench")
+    phases = [f"boto3 x{n}" for n in args.boto3.split(",")]
+    phases += [f"rclone x{n}" for n in args.rclone.split(",")]
+    phases.append("lifeboat")
+    results: dict[str, list[float]] = {name: [] for name in phases}
+    size = sum(f["size"] for f in files)
+    for round_ in range(args.rounds):
+        # Alternated: odd rounds run the phases in reverse order.
+        for name in phases if round_ % 2 == 0 else phases[::-1]:
+            prefix = f"{uuid.uuid4().hex[:8]}"
+            start = time.perf_counter()
+            if name.startswith("boto3"):
+                n = int(name.split("x")[1])
+                boto3_phase(client, args.bucket, prefix, location, files, n)
+            elif name.startswith("rclone"):
+                n = int(name.split("x")[1])
+                rclone_phase(args.endpoint, args.bucket, prefix, location, n)
+            else:
                 checkpoint = Checkpoint.objects.create(
-                    project=project, run=run, step=round_ * 10 + n, location=str(directory),
-                    total_size=size, file_count=1, status="verified",
+                    project=project, run=run, step=Checkpoint.objects.count() + 1,
+                    location=str(location), total_size=size, file_count=len(files),
+                    status="verified",
                 )  # fmt: skip
-                CheckpointFile.objects.create(
-                    checkpoint=checkpoint, path="model.bin", size=size, sha256=sha
+                CheckpointFile.objects.bulk_create(
+                    CheckpointFile(checkpoint=checkpoint, **f) for f in files
                 )
                 target = StorageTarget.objects.create(
-                    project=project, name=f"{prefix}-{n}", bucket=args.bucket,
-                    prefix=f"{prefix}/lifeboat-{n}", endpoint_url=args.endpoint,
+                    project=project, name=prefix, bucket=args.bucket, prefix=prefix,
+                    endpoint_url=args.endpoint,
                 )  # fmt: skip
                 replica = Replica.objects.create(checkpoint=checkpoint, target=target)
-                start, cpu_start = time.perf_counter(), cpu_now()
+                start = time.perf_counter()
                 outcome = replicate(replica.pk)
-                results[name].append(time.perf_counter() - start)
-                cpu[name].append(cpu_now() - cpu_start)
-                replica.refresh_from_db()
                 if outcome != "verified":
-                    print(f"replication did not verify: {outcome}: {replica.last_error}")
-                    return 1
-                delete_prefix(client, args.bucket, prefix + "/")
-            print(
-                f"round {round_ + 1}: "
-                + ", ".join(f"{k} {size / MiB / v[-1]:.0f} MiB/s" for k, v in results.items()),
-                flush=True,
-            )
-    finally:
-        try:
-            delete_prefix(client, args.bucket, "")
-            client.delete_bucket(Bucket=args.bucket)
-        except Exception as exc:  # noqa: BLE001
-            print(f"(could not remove the bench bucket: {exc})")
-        import shutil
-
-        shutil.rmtree(work, ignore_errors=True)
-    load_after = os.getloadavg()
-
-    def rate(name: str) -> float:
-        return size / MiB / statistics.median(results[name])
-
-    def spread(name: str) -> str:
-        rates = [size / MiB / t for t in results[name]]
-        return f"{min(rates):.0f}-{max(rates):.0f}"
-
-    print()
-    print(f"{args.size_mib} MiB file, {args.rounds} rounds, S3 at {args.endpoint}, "
-          f"{os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, "
-          f"{load_after[0]:.2f} after")  # fmt: skip
-    print(f"lifeboat: parts of {settings.REPLICATION_PART_SIZE // MiB} MiB, "
-          f"{settings.REPLICATION_CONCURRENCY} at once")  # fmt: skip
-    print(f"{'':24} {'median MiB/s':>13} {'range':>10} {'x boto3':>8} {'client CPU s':>13}")
-    for name in results:
-        label = name if name == "boto3" else f"lifeboat, {name}"
-        ratio = rate(name) / rate("boto3")
+                    replica.refresh_from_db()
+                    raise SystemExit(f"replication did not verify: {replica.last_error}")
+            results[name].append(time.perf_counter() - start)
+            delete_prefix(client, args.bucket, prefix + "/")
         print(
-            f"{label:24} {rate(name):13.0f} {spread(name):>10} {ratio:8.2f} "
-            f"{statistics.median(cpu[name]):13.1f}"
+            f"round {round_ + 1}: "
+            + ", ".join(f"{k} {size / MiB / v[-1]:.0f} MiB/s" for k, v in results.items()),
+            flush=True,
         )
-    print("target: lifeboat >= 0.9x boto3")
-    return 0
+    print(
+        f"lifeboat: {settings.REPLICATION_FILES_AT_ONCE} files at once, parts of "
+        f"{settings.REPLICATION_PART_SIZE // MiB} MiB, {settings.REPLICATION_CONCURRENCY} "
+        "parts in memory at most"
+    )
+    return results
+
+
+def report(shape: str, results: dict[str, list[float]], files: list[dict], args) -> None:
+    size = sum(f["size"] for f in files)
+    best = {name: min(times) for name, times in results.items()}
+    baseline = min((n for n in best if n != "lifeboat"), key=best.get)
+    load = os.getloadavg()[0]
+    print()
+    print(f"{shape}: {len(files):,} files, {size / MiB:,.0f} MiB, {args.rounds} rounds, "
+          f"S3 at {args.endpoint}, {os.cpu_count()} CPUs, load average {load:.2f}")  # fmt: skip
+    print(f"{'':14} {'best s':>8} {'median s':>9} {'MiB/s':>7} {'files/s':>8} {'x best':>7}")
+    for name, times in results.items():
+        print(
+            f"{name:14} {best[name]:8.2f} {statistics.median(times):9.2f} "
+            f"{size / MiB / best[name]:7.0f} {len(files) / best[name]:8.0f} "
+            f"{best[baseline] / best[name]:7.2f}"
+        )
+    print(f"best baseline: {baseline}; target: lifeboat >= 0.9x it", flush=True)
 
 
 if __name__ == "__main__":

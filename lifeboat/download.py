@@ -24,10 +24,11 @@ import hashlib
 import os
 import queue
 import shutil
+import threading
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path, PurePosixPath
 
 CHUNK = 8 * 1024 * 1024  # one ranged GET
@@ -36,6 +37,7 @@ PIECE = 256 * 1024  # one read from the socket and one write to the file (boto3'
 # 1.12 s, 8 in 1.47 s (the hashing thread starves), 1 in 1.94 s; boto3 0.93 s. Since the
 # fetching threads write, 4 and 8 are within the noise of each other (1 GiB, 2 cores).
 PARALLEL = max(4, min(8, os.cpu_count() or 4))
+PROGRESS_S = 0.2  # how often progress() is called while files are fetched
 
 
 class RestoreError(Exception):
@@ -131,6 +133,48 @@ def _fetch_parallel(
             raise
 
 
+def _fetch_one(
+    entry: dict, dest: Path, advance: Callable[[int], None], *, timeout: float, opener,
+    parallel: int, durable: bool,
+) -> Path:  # fmt: skip
+    """One file, verified, moved into place; skipped if it is there already, whole."""
+    final = dest.joinpath(*_safe_relative(entry["path"]).parts)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    size, sha = int(entry["size"]), entry["sha256"]
+    if final.is_file() and final.stat().st_size == size and sha256_of(final) == sha:
+        advance(size)
+        return final
+    partial = final.with_name(final.name + ".partial")
+    digest = hashlib.sha256()
+    got = 0
+
+    def counted(n: int) -> None:
+        nonlocal got
+        got += n
+        advance(n)
+
+    try:
+        with partial.open("wb") as out:
+            if size <= CHUNK or parallel <= 1:
+                _fetch_small(opener, entry["url"], out, digest, counted, timeout)
+            else:
+                _fetch_parallel(opener, entry["url"], size, out, digest, counted, timeout, parallel)
+            out.flush()
+            if durable:
+                os.fsync(out.fileno())
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise RestoreError(f"could not fetch {entry['path']}: {exc}") from exc
+    if got != size or digest.hexdigest() != sha:
+        partial.unlink(missing_ok=True)
+        raise RestoreError(
+            f"{entry['path']} does not match its sha256: expected {size:,} bytes with "
+            f"sha256 {sha[:12]}…, got {got:,} bytes with {digest.hexdigest()[:12]}…"
+        )
+    shutil.move(partial, final)
+    return final
+
+
 def download_files(
     files: Iterable[dict],
     dest: str | os.PathLike,
@@ -142,55 +186,64 @@ def download_files(
     durable: bool = True,
 ) -> list[Path]:
     """Fetch every {path, size, sha256, url} into `dest`, verified. `progress(done,
-    total)` is called after every chunk. Returns the files' paths. `durable` fsyncs each
-    file before it is moved into place: what a job will resume from must survive a crash
-    of the machine; a restore test's scratch copy, deleted at once, need not."""
+    total)` is called on the calling thread, about every PROGRESS_S and at the end.
+    Returns the files' paths, in the order given. `durable` fsyncs each file before it
+    is moved into place: what a job will resume from must survive a crash of the
+    machine; a restore test's scratch copy, deleted at once, need not.
+
+    A sharded checkpoint's files are fetched at once: up to `parallel` files, each on
+    its own thread that hashes it as it comes (the shards' sha256 spread over the
+    cores); a file gets ranged GETs of its own only with the threads left over (one
+    large file: all of them). The first file that fails stops the files not yet begun,
+    and its error, naming it, is raised."""
     files = list(files)
     total = sum(int(f["size"]) for f in files)
-    done = 0
     dest = Path(dest)
-    written = []
-    for entry in files:
-        final = dest.joinpath(*_safe_relative(entry["path"]).parts)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        size, sha = int(entry["size"]), entry["sha256"]
-        if final.is_file() and final.stat().st_size == size and sha256_of(final) == sha:
-            done += size
-            if progress:
-                progress(done, total)
-            written.append(final)
-            continue
-        partial = final.with_name(final.name + ".partial")
-        digest = hashlib.sha256()
-        got = 0
+    threads = max(1, min(parallel, len(files)))
+    per_file = max(1, parallel // threads)
+    lock = threading.Lock()
+    done = [0]
 
-        def advance(n: int) -> None:
-            nonlocal got, done
-            got += n
-            done += n
-            if progress:
-                progress(done, total)
+    def advance(n: int) -> None:
+        with lock:
+            done[0] += n
 
+    written: list[Path | None] = [None] * len(files)
+    queue_ = iter(range(len(files)))
+    stop = threading.Event()
+
+    def worker() -> None:
+        while not stop.is_set():
+            with lock:
+                index = next(queue_, None)
+            if index is None:
+                return
+            try:
+                written[index] = _fetch_one(
+                    files[index], dest, advance, timeout=timeout, opener=opener,
+                    parallel=per_file, durable=durable,
+                )  # fmt: skip
+            except BaseException:
+                stop.set()
+                raise
+
+    reported = -1
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lifeboat-file") as pool:
+        futures = [pool.submit(worker) for _ in range(threads)]
+        pending = set(futures)
         try:
-            with partial.open("wb") as out:
-                if size <= CHUNK or parallel <= 1:
-                    _fetch_small(opener, entry["url"], out, digest, advance, timeout)
-                else:
-                    _fetch_parallel(
-                        opener, entry["url"], size, out, digest, advance, timeout, parallel
-                    )
-                out.flush()
-                if durable:
-                    os.fsync(out.fileno())
-        except OSError as exc:
-            partial.unlink(missing_ok=True)
-            raise RestoreError(f"could not fetch {entry['path']}: {exc}") from exc
-        if got != size or digest.hexdigest() != sha:
-            partial.unlink(missing_ok=True)
-            raise RestoreError(
-                f"{entry['path']} does not match its sha256: expected {size:,} bytes with "
-                f"sha256 {sha[:12]}…, got {got:,} bytes with {digest.hexdigest()[:12]}…"
-            )
-        shutil.move(partial, final)
-        written.append(final)
-    return written
+            while pending:
+                _, pending = wait(pending, timeout=PROGRESS_S, return_when=FIRST_EXCEPTION)
+                if progress and done[0] != reported:
+                    reported = done[0]
+                    progress(reported, total)
+                if stop.is_set():
+                    break
+        finally:
+            stop.set()
+    for future in futures:
+        if future.exception() is not None:
+            raise future.exception()
+    if progress and done[0] != reported:
+        progress(done[0], total)
+    return [path for path in written if path is not None]

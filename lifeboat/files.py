@@ -91,21 +91,82 @@ def list_files(location: str | os.PathLike) -> list[Path]:
 
 
 def describe(
-    location: str | os.PathLike, on_read: Callable[[int], None] | None = None
+    location: str | os.PathLike,
+    on_read: Callable[[int], None] | None = None,
+    written: dict[str, dict] | None = None,
 ) -> list[dict]:
     """[{path, size, sha256}] for a checkpoint file or directory; paths relative to the
     directory (for a single file, its own name), with '/' as separator. Raises
     FileNotFoundError if it (or a file in it) is gone, ChangedWhileHashing if a file
-    changed while it was read: what is reported was on disk, whole, as it is."""
+    changed while it was read: what is reported was on disk, whole, as it is.
+    `written` maps paths to the {size, sha256} of the bytes the job wrote, hashed as
+    they were written (HashingWriter): those files are not read again, and what is
+    reported is what the job wrote, so a file changed on disk since is caught by the
+    server's validation instead of being hashed as it now is."""
     root = Path(location)
     files = list_files(root)
     base = root.parent if root.is_file() else root
     described = []
     for path in files:
-        sha256, size = hash_unchanged(path, on_read)
         relative = path.relative_to(base).as_posix()
+        known = (written or {}).get(relative)
+        if known is not None:
+            sha256, size = known["sha256"], known["size"]
+        else:
+            sha256, size = hash_unchanged(path, on_read)
         described.append({"path": relative, "size": size, "sha256": sha256})
     return described
+
+
+class HashingWriter:
+    """A file object for torch.save that hashes the bytes as they are written: the
+    checkpoint's sha256 without reading it back. Each buffer torch.save writes is copied
+    (torch may reuse it) and hashed on a thread of its own while the caller goes on
+    writing and fsyncing, so the hash costs the save little beyond the copy; at most
+    QUEUED buffers wait, so memory stays bounded when hashing is the slower. torch.save
+    (zip format) only calls write() and flush(), in order; anything else (seek, tell,
+    fileno...) is passed to the file but makes the digest unusable (`digest()` is then
+    None, and the file is read and hashed as before)."""
+
+    QUEUED = 8
+
+    def __init__(self, handle):
+        import queue
+        import threading
+
+        self._handle = handle
+        self._sha = hashlib.sha256()
+        self.size = 0
+        self.sequential = True
+        self._queue: queue.Queue = queue.Queue(maxsize=self.QUEUED)
+        self._thread = threading.Thread(target=self._hash, name="lifeboat-hash-write", daemon=True)
+        self._thread.start()
+        self._result: dict | None = None
+
+    def _hash(self) -> None:
+        while (data := self._queue.get()) is not None:
+            self._sha.update(data)  # releases the GIL on large buffers
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self._queue.put(bytes(view))
+        self.size += len(view)
+        return self._handle.write(view)
+
+    def flush(self) -> None:
+        self._handle.flush()
+
+    def __getattr__(self, name: str):
+        self.sequential = False
+        return getattr(self._handle, name)
+
+    def digest(self) -> dict | None:
+        """{size, sha256} of what was written (waits for the hashing thread to finish)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+            self._result = {"size": self.size, "sha256": self._sha.hexdigest()}
+        return self._result if self.sequential else None
 
 
 def listing(location: str | os.PathLike) -> dict[str, int]:

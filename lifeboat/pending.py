@@ -85,6 +85,17 @@ def parse(raw: bytes, name: str) -> dict:
     event = request.get("event")
     if event is not None and not (isinstance(event, dict) and event.get("id") == request["id"]):
         raise DamagedRecord("its finished event is malformed")
+    written = request.get("written")
+    if written is not None and not (
+        isinstance(written, dict)
+        and all(
+            isinstance(w, dict)
+            and isinstance(w.get("size"), int)
+            and isinstance(w.get("sha256"), str)
+            for w in written.values()
+        )  # fmt: skip
+    ):
+        raise DamagedRecord("its digests of the written files are malformed")
     listed = request.get("listed")
     if listed is not None and not (
         isinstance(listed, dict)
@@ -372,6 +383,6 @@ class PendingReports:
             request["listed"] = now
             self._write(request)
         compare_listing(request["listed"], now)
-        files = describe(request["location"], on_read)
+        files = describe(request["location"], on_read, written=request.get("written"))
         compare_listing(request["listed"], {f["path"]: f["size"] for f in files})
         return files

@@ -340,12 +340,14 @@ class Run:
         save_seconds: float | None = None,
         format: str | None = None,  # noqa: A002 (the contract's name)
         event_id: str | None = None,
+        written: dict[str, dict] | None = None,
     ) -> CheckpointReport:
         """Report a checkpoint the job has finished writing at `path` (a file or a
         directory). Returns at once: the files are hashed on a background thread and sent
         as `checkpoint.saved`. A crash before that is survived: the report is on disk
         (lifeboat/pending.py) and any lifeboat process on this host with the same spool
-        completes it."""
+        completes it. `written` ({relative path: {size, sha256}}, lifeboat.torch.save
+        gives it) holds digests made while the files were written: those are not read."""
         location = os.path.abspath(os.fspath(path))
         report = CheckpointReport(event_id or str(uuid.uuid4()), location, int(step))
         if not self.enabled:
@@ -365,6 +367,8 @@ class Run:
             "pid": os.getpid(),
             "host": hostname(),
         }
+        if written:
+            request["written"] = written
         request = self.pending.add(request)
         if request is None:
             report.error = RuntimeError(

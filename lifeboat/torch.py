@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from lifeboat.files import HashingWriter
 from lifeboat.run import CheckpointReport, Run, current_run
 
 
@@ -28,18 +29,29 @@ def _fsync_dir(path: Path) -> None:
         os.close(descriptor)
 
 
-def _write_file(obj: Any, path: Path, save_kwargs: dict) -> None:
+def _write_file(obj: Any, path: Path, save_kwargs: dict) -> dict | None:
+    """Write, fsync; the {size, sha256} of the bytes torch.save wrote, hashed as they
+    went to the file (no second read), or None if torch.save did more than write."""
     import torch
 
     with open(path, "wb") as handle:
-        torch.save(obj, handle, **save_kwargs)
-        handle.flush()
-        os.fsync(handle.fileno())
+        writer = HashingWriter(handle)
+        try:
+            torch.save(obj, writer, **save_kwargs)
+            handle.flush()
+            os.fsync(handle.fileno())  # the hashing thread goes on meanwhile
+        finally:
+            digest = writer.digest()  # also ends the hashing thread after a failed save
+    return digest
 
 
-def atomic_save(obj: Any, path: str | os.PathLike, **save_kwargs) -> Path:
+def atomic_save(
+    obj: Any, path: str | os.PathLike, *, digests: dict | None = None, **save_kwargs
+) -> Path:
     """Save `obj` to the file `path`, or a mapping {file name: object} to the directory
-    `path` (one file per entry), atomically. Returns the final path."""
+    `path` (one file per entry), atomically. Returns the final path. `digests`, if
+    given, receives {relative path: {size, sha256}} of the files as they were written."""
+    digests = {} if digests is None else digests
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.lifeboat-tmp-{uuid.uuid4().hex[:8]}")
@@ -52,7 +64,9 @@ def atomic_save(obj: Any, path: str | os.PathLike, **save_kwargs) -> Path:
             for name, part in obj.items():
                 if "/" in str(name) or str(name) in ("", ".", ".."):
                     raise ValueError(f"{name!r} is not a plain file name")
-                _write_file(part, temporary / str(name), save_kwargs)
+                digest = _write_file(part, temporary / str(name), save_kwargs)
+                if digest is not None:
+                    digests[str(name)] = digest
             _fsync_dir(temporary)
             if target.exists():
                 # A directory cannot be renamed over a non-empty one: move the old one
@@ -65,7 +79,9 @@ def atomic_save(obj: Any, path: str | os.PathLike, **save_kwargs) -> Path:
             else:
                 os.replace(temporary, target)
         else:
-            _write_file(obj, temporary, save_kwargs)
+            digest = _write_file(obj, temporary, save_kwargs)
+            if digest is not None:
+                digests[target.name] = digest
             os.replace(temporary, target)
         _fsync_dir(target.parent)
     except BaseException:
@@ -95,8 +111,9 @@ def save(
     if run is not None and step is not None:
         run.checkpoint_started(step)
     started = time.perf_counter()
+    digests: dict[str, dict] = {}
     try:
-        final = atomic_save(obj, path, **save_kwargs)
+        final = atomic_save(obj, path, digests=digests, **save_kwargs)
     except BaseException as exc:
         if run is not None and step is not None:
             run.checkpoint_failed(step, f"{type(exc).__name__}: {exc}")
@@ -104,6 +121,9 @@ def save(
     seconds = time.perf_counter() - started
     if run is None or step is None:
         return None
+    # The digests made while writing: the report reads nothing back, and a file changed
+    # on disk after this point no longer matches what is reported (docs/client.md).
     return run.checkpoint(
-        final, step=step, epoch=epoch, metrics=metrics, save_seconds=seconds, format="torch"
-    )
+        final, step=step, epoch=epoch, metrics=metrics, save_seconds=seconds, format="torch",
+        written=digests,
+    )  # fmt: skip

@@ -160,7 +160,8 @@ def test_a_big_file_comes_in_parallel_ranges_hashed_in_order(s3, tmp_path):
     spec = {"path": "model.bin", "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     seen = []
     (path,) = download_files([{**spec, "url": url}], tmp_path / "out", lambda d, t: seen.append(d))
-    assert path.read_bytes() == data and seen[-1] == len(data) and len(seen) == 3
+    # Progress comes on the calling thread (about every 0.2 s and at the end), rising.
+    assert path.read_bytes() == data and seen[-1] == len(data) and seen == sorted(seen)
     # One byte off in the last range: never handed back, nothing left behind.
     with pytest.raises(RestoreError, match="does not match its sha256"):
         download_files([{**spec, "sha256": "0" * 64, "url": url}], tmp_path / "bad")

@@ -629,3 +629,25 @@ def test_without_a_failure_or_an_assumption_the_analytics_say_what_is_missing(pr
     # Without JavaScript the figures come in the page itself.
     page = client.get("/p/alpha/runs/r/", {"analytics": 1}).content.decode()
     assert "<!doctype html>" in page and "no failure seen in this project yet" in page
+
+
+def test_a_resume_shows_the_time_from_the_click_to_the_first_step(project, viewer):
+    from webapp.domain.models import Checkpoint, MetricPoint, Resume, Run
+
+    run = make_run(project, "r", status="failed")
+    checkpoint = make_checkpoint(run, 100)
+    clicked = timezone.now() - timedelta(minutes=3)
+    resume = Resume.objects.create(
+        project=project, run=run, checkpoint=Checkpoint.objects.get(pk=checkpoint.pk),
+        status="running", created_at=clicked,
+    )  # fmt: skip
+    client = as_user(viewer)
+    assert "recovered: first step" not in client.get("/p/alpha/runs/r/").content.decode()
+    new_run = Run.objects.create(project=project, key="r-resumed")
+    Resume.objects.filter(pk=resume.pk).update(new_run=new_run)
+    MetricPoint.objects.create(run=new_run, step=101, values={"loss": 1.0},
+                               time=clicked + timedelta(seconds=12.5))  # fmt: skip
+    MetricPoint.objects.create(run=new_run, step=102, values={"loss": 0.9},
+                               time=clicked + timedelta(seconds=13))  # fmt: skip
+    html = client.get("/p/alpha/runs/r/").content.decode()
+    assert "recovered: first step 12.5 s after the click" in html

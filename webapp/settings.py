@@ -371,6 +371,9 @@ SCRATCH_DIR = Path(env_str("LIFEBOAT_SCRATCH_DIR", str(VAR_DIR / "scratch")))
 # a file too large for 10,000 parts gets larger parts.
 REPLICATION_PART_SIZE = env_int("REPLICATION_PART_SIZE", 16 * 1024**2, minimum=5 * 1024**2)
 REPLICATION_CONCURRENCY = env_int("REPLICATION_CONCURRENCY", 10, minimum=1)
+# Files of one checkpoint sent at once (a many-file checkpoint is bound by round trips,
+# not bytes). The bytes held in memory stay under PART_SIZE x CONCURRENCY however many.
+REPLICATION_FILES_AT_ONCE = env_int("REPLICATION_FILES_AT_ONCE", 16, minimum=1)
 # The checksum sent with every part, which the server verifies before it keeps the part:
 # CRC32 or SHA256. The file's sha256 is computed from the same bytes and compared either
 # way, so a part's checksum only has to catch damage in transit; SHA256 parts hash every

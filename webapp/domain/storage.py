@@ -29,7 +29,8 @@ def client(
     import boto3
     from botocore.config import Config
 
-    pool = pool or settings.REPLICATION_CONCURRENCY + 2
+    # Room for every file on the wire at once (replication.fanout) and the parts of each.
+    pool = pool or max(settings.REPLICATION_CONCURRENCY, settings.REPLICATION_FILES_AT_ONCE) + 2
     retries = retries or settings.REPLICATION_S3_RETRIES
     cache_key = (endpoint or None, region, key, secret, pool, retries)
     with _clients_lock:

@@ -184,3 +184,18 @@ class Resume(models.Model):
 
     def __str__(self) -> str:
         return f"resume of {self.run_id} from {self.checkpoint_id}: {self.status}"
+
+    def seconds_to_first_step(self) -> float | None:
+        """Click to the resumed job's first reported step: from this request to the
+        time of the new run's first metrics point (what bench/resume.py measures)."""
+        if self.new_run_id is None:
+            return None
+        from webapp.domain.models import MetricPoint
+
+        first = (
+            MetricPoint.objects.filter(run_id=self.new_run_id)
+            .order_by("time")
+            .values_list("time", flat=True)
+            .first()
+        )
+        return None if first is None else (first - self.created_at).total_seconds()

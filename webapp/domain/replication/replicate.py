@@ -27,8 +27,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from webapp.domain.replication import targets
-from webapp.domain.replication.upload import Throttle, abort_quietly, upload
+from webapp.domain.replication import fanout, targets
+from webapp.domain.replication.upload import Throttle, abort_quietly
 
 log = logging.getLogger(__name__)
 
@@ -98,27 +98,37 @@ def claim(replica_id: int) -> Claim | Busy | None:
 
 
 class _Progress:
-    """Bytes done and sent, written to the row about once a second with the lease."""
+    """Writes the bytes done and sent, and the open multipart uploads, to the row with
+    the lease: the uploads as soon as they change, the rest about once a second."""
 
     def __init__(self, replica_id: int):
         self.replica_id = replica_id
-        self.done = self.sent = 0
+        self.tally = fanout.Tally()
         self.last = time.monotonic()
 
-    def __call__(self, n: int, sent: bool = True) -> None:
-        self.done += n
-        if sent:
-            self.sent += n
-        if time.monotonic() - self.last >= PROGRESS_EVERY_S:
+    @property
+    def done(self) -> int:
+        return self.tally.done
+
+    @property
+    def sent(self) -> int:
+        return self.tally.sent
+
+    def wake(self) -> None:
+        if self.tally.uploads_changed or time.monotonic() - self.last >= PROGRESS_EVERY_S:
             self.flush()
 
     def flush(self, **extra) -> None:
         from webapp.domain.models import Replica
 
+        with self.tally.lock:
+            uploads = dict(self.tally.uploads)
+            self.tally.uploads_changed = False
         self.last = time.monotonic()
         Replica.objects.filter(pk=self.replica_id).update(
-            bytes_done=self.done,
-            bytes_sent=self.sent,
+            bytes_done=self.tally.done,
+            bytes_sent=self.tally.sent,
+            uploads=uploads,
             lease_until=timezone.now() + timedelta(seconds=settings.REPLICATION_LEASE_S),
             **extra,
         )
@@ -170,6 +180,38 @@ def _present(client, bucket: str, key: str, sha256: str, size: int) -> bool:
     return head.get("Metadata", {}).get("sha256") == sha256 and head["ContentLength"] == size
 
 
+# Earlier replicas of the same run looked at for objects already on the target.
+DEDUP_LOOKBACK = 8
+
+
+def _worth_a_look(replica, claimed: Claim):
+    """Which files to look for on the target (a HEAD) before sending them. A HEAD is a
+    round trip: for a checkpoint of 10,000 small files it would double the requests.
+    So: a file larger than one part (the HEAD is nothing beside its upload), every file
+    on a retry (an earlier attempt may have sent it), and a file that one of the run's
+    recent live replicas in the same store names (a tokenizer, a config, a frozen
+    shard). A small file that is on the target for another reason is sent again: the
+    same bytes under the same content address."""
+    from webapp.domain.models import Replica
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    if claimed.attempt > 1:
+        return lambda entry: True
+    known: set[str] = set()
+    earlier = (
+        Replica.objects.filter(checkpoint__run_id=replica.checkpoint.run_id)
+        .filter(**targets.same_store(replica.target))
+        .exclude(pk=replica.pk)
+        .exclude(status=ReplicaStatus.DELETED)
+        .order_by("-pk")
+        .values_list("files", flat=True)[:DEDUP_LOOKBACK]
+    )
+    for files in earlier:
+        known |= {entry["key"] for entry in files or []}
+    part = settings.REPLICATION_PART_SIZE
+    return lambda entry: entry["size"] > part or entry["key"] in known
+
+
 def send(claimed: Claim) -> dict:
     """Everything that touches S3 and the source files. Returns what record_verified
     needs; raises SourceChanged / SourceUnavailable (permanent) or anything else
@@ -195,47 +237,36 @@ def send(claimed: Claim) -> dict:
     if error is not None:
         raise error
 
+    worth_a_look = _worth_a_look(replica, claimed)
     progress = _Progress(replica.pk)
-    throttle = Throttle(settings.REPLICATION_MAX_BYTES_PER_S)
-    uploads: dict[str, str] = {}
-    sent_files = 0
-    for entry in replica.files:
-        key = entry["key"]
-        if _present(client, bucket, key, entry["sha256"], entry["size"]):
-            progress(entry["size"], sent=False)
-            continue
+    try:
+        skipped = fanout.send_files(
+            client,
+            bucket,
+            replica.files,
+            open_source=lambda path: _open_source(checkpoint, path),
+            present=lambda e: (
+                worth_a_look(e) and _present(client, bucket, e["key"], e["sha256"], e["size"])
+            ),
+            tally=progress.tally,
+            on_wake=progress.wake,
+            files_at_once=settings.REPLICATION_FILES_AT_ONCE,
+            upload_kwargs={
+                "part_size": settings.REPLICATION_PART_SIZE,
+                "concurrency": settings.REPLICATION_CONCURRENCY,
+                "storage_class": target.storage_class,
+                "throttle": Throttle(settings.REPLICATION_MAX_BYTES_PER_S),
+                "part_checksum": settings.REPLICATION_PART_CHECKSUM,
+            },
+        )
+    finally:
+        progress.flush()
+    sent_files = len(replica.files) - len(skipped)
 
-        def started(upload_id, key=key):
-            uploads[key] = upload_id
-            Replica.objects.filter(pk=replica.pk).update(uploads=dict(uploads))
-
-        source = _open_source(checkpoint, entry["path"])
-        try:
-            upload(
-                client,
-                bucket,
-                key,
-                source,
-                name=entry["path"],
-                size=entry["size"],
-                sha256=entry["sha256"],
-                part_size=settings.REPLICATION_PART_SIZE,
-                concurrency=settings.REPLICATION_CONCURRENCY,
-                storage_class=target.storage_class,
-                progress=progress,
-                on_started=started,
-                throttle=throttle,
-                part_checksum=settings.REPLICATION_PART_CHECKSUM,
-            )
-        finally:
-            source.close()
-        uploads.pop(key, None)
-        progress.flush(uploads=dict(uploads))
-        sent_files += 1
-
-    # Every object confirmed where it should be, with its sha256 (a deduplicated one
-    # may have been deleted meanwhile by retention of another replica).
-    for entry in replica.files:
+    # A file sent now was confirmed by the server's answer (its checksum checked, and
+    # its sha256 compared before the upload was completed); one that was already there
+    # may have been deleted since by retention of another replica: looked at again.
+    for entry in skipped:
         if not _present(client, bucket, entry["key"], entry["sha256"], entry["size"]):
             raise ConnectionError(f"{entry['path']} is not on the target after its upload")
 

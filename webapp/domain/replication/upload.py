@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
+import threading
 import time
 import zlib
 from collections import deque
@@ -66,14 +67,41 @@ class Throttle:
         self.rate = bytes_per_s
         self.start = time.monotonic()
         self.sent = 0
+        self._lock = threading.Lock()
 
     def __call__(self, n: int) -> None:
         if not self.rate:
             return
-        self.sent += n
+        with self._lock:  # shared by the files sent at once
+            self.sent += n
         ahead = self.sent / self.rate - (time.monotonic() - self.start)
         if ahead > 0:
             time.sleep(ahead)
+
+
+class Budget:
+    """Bytes read from sources and not yet sent, shared by the files of a replica that
+    are sent at once: a worker holds at most `limit` bytes of checkpoint in memory
+    however many files and parts are on the wire. A request larger than the limit
+    waits for the budget to be free and then takes all of it."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self._cond = threading.Condition()
+
+    def take(self, n: int) -> int:
+        n = min(n, self.limit)
+        with self._cond:
+            while self.used + n > self.limit:
+                self._cond.wait()
+            self.used += n
+        return n
+
+    def give(self, n: int) -> None:
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
 
 
 def _mismatch(name: str, expected_sha: str, expected_size: int, sha: str, size: int) -> str:
@@ -104,30 +132,52 @@ def upload(
     on_started: Callable[[str], None] | None = None,
     throttle: Throttle | None = None,
     part_checksum: str = "CRC32",
+    budget: Budget | None = None,
 ) -> Sent:
     """Send `size` bytes of `source` to s3://bucket/key; raise SourceChanged unless
     they hash to `sha256`. `on_started(upload_id)` is called as soon as a multipart
-    upload exists, so that a crash can be cleaned up after."""
+    upload exists, so that a crash can be cleaned up after. `budget`, when given, is
+    taken before each read and given back once those bytes are sent."""
+    budget = budget or Budget(max(part_size, math.ceil(size / MAX_PARTS)) * (concurrency + 1))
     extra = {"Metadata": {"sha256": sha256}}
     if storage_class:
         extra["StorageClass"] = storage_class
     # Larger parts for a file that would need more than S3's 10,000.
     part_size = max(part_size, math.ceil(size / MAX_PARTS))
     if size <= part_size:
-        data = _read_exactly(source, size + 1)  # one byte more shows a grown file
-        digest = hashlib.sha256(data)
-        if digest.hexdigest() != sha256 or len(data) != size:
-            raise SourceChanged(_mismatch(name, sha256, size, digest.hexdigest(), len(data)))
-        if throttle:
-            throttle(len(data))
-        # The object is small: its sha256 is also the checksum S3 checks.
-        client.put_object(
-            Bucket=bucket, Key=key, Body=data, ChecksumSHA256=_b64(digest.digest()), **extra
-        )
-        if progress:
-            progress(len(data))
-        return Sent(sha256, len(data))
+        held = budget.take(size + 1)
+        try:
+            return _put_small(client, bucket, key, source, name, size, sha256, extra,
+                              progress, throttle)  # fmt: skip
+        finally:
+            budget.give(held)
+    return _multipart(
+        client, bucket, key, source, name=name, size=size, sha256=sha256,
+        part_size=part_size, concurrency=concurrency, extra=extra, progress=progress,
+        on_started=on_started, throttle=throttle, part_checksum=part_checksum, budget=budget,
+    )  # fmt: skip
 
+
+def _put_small(client, bucket, key, source, name, size, sha256, extra, progress, throttle):
+    data = _read_exactly(source, size + 1)  # one byte more shows a grown file
+    digest = hashlib.sha256(data)
+    if digest.hexdigest() != sha256 or len(data) != size:
+        raise SourceChanged(_mismatch(name, sha256, size, digest.hexdigest(), len(data)))
+    if throttle:
+        throttle(len(data))
+    # The object is small: its sha256 is also the checksum S3 checks.
+    client.put_object(
+        Bucket=bucket, Key=key, Body=data, ChecksumSHA256=_b64(digest.digest()), **extra
+    )
+    if progress:
+        progress(len(data))
+    return Sent(sha256, len(data))
+
+
+def _multipart(
+    client, bucket, key, source, *, name, size, sha256, part_size, concurrency, extra,
+    progress, on_started, throttle, part_checksum, budget,
+) -> Sent:  # fmt: skip
     checksum_of = PART_CHECKSUMS[part_checksum]
     field = f"Checksum{part_checksum}"
     upload_id = client.create_multipart_upload(
@@ -142,17 +192,20 @@ def upload(
         parts: list[dict] = []
         pending: deque = deque()
 
-        def send(number: int, data: bytes) -> dict:
+        def send(number: int, data: bytes, held: int) -> dict:
             # hashlib and zlib release the GIL on large buffers: parts hash in parallel.
-            checksum = checksum_of(data)
-            answer = client.upload_part(
-                Bucket=bucket,
-                Key=key,
-                UploadId=upload_id,
-                PartNumber=number,
-                Body=data,
-                **{field: checksum},
-            )
+            try:
+                checksum = checksum_of(data)
+                answer = client.upload_part(
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=data,
+                    **{field: checksum},
+                )
+            finally:
+                budget.give(held)
             return {"PartNumber": number, "ETag": answer["ETag"], field: checksum}
 
         def collect_oldest() -> None:
@@ -165,20 +218,29 @@ def upload(
             try:
                 number = 0
                 while True:
+                    # At most `concurrency` parts of this file on the wire, and no more
+                    # bytes in memory than the budget shared with the other files.
+                    while len(pending) >= concurrency:
+                        collect_oldest()
+                    held = budget.take(part_size)
                     data = _read_exactly(source, part_size)
                     if not data:
+                        budget.give(held)
                         break
                     number += 1
                     whole.update(data)
                     total += len(data)
                     if total > size:
+                        budget.give(held)
                         break  # grown: no need to read (or send) the rest
                     if throttle:
                         throttle(len(data))
-                    # At most `concurrency` parts in memory and on the wire.
-                    while len(pending) >= concurrency:
-                        collect_oldest()
-                    pending.append((pool.submit(send, number, data), len(data)))
+                    try:
+                        future = pool.submit(send, number, data, held)
+                    except BaseException:
+                        budget.give(held)
+                        raise
+                    pending.append((future, len(data)))
                 while pending:
                     collect_oldest()
             finally:

@@ -1,0 +1,203 @@
+"""Click to the resumed job's first reported step, for a sharded checkpoint whose local
+copy is gone (so it comes back from S3), beside the floor measured in the same run.
+
+    .venv/bin/python bench/resume.py                       # 1 GiB in 8 shards, 3 rounds
+    .venv/bin/python bench/resume.py --total 256MiB --rounds 2
+
+Setup: a checkpoint of --shards torch files (--total bytes), verified, replicated to the
+S3 server (S3_ENDPOINT_URL, default the shared SeaweedFS on :8333), and a `local` launch
+profile running bench/resume_job.py (start a lifeboat.Run, torch.load every shard one at
+a time, one step, run.log; it prints the time of that report). Database: a scratch
+SQLite. No Lifeboat server runs: the job's events wait in its spool, which does not
+delay it. Alternated round by round, the local folder deleted before each:
+
+  lifeboat   the click (webapp.domain.resume.request, what the API and the Resume button
+             call) then what the launch worker does with the message
+             (workers.launch.launch_resume: check the local copy, restore every shard
+             from the replica in parallel, verified, start the job); timed to the
+             job's first reported step. The queue's own latency is not included.
+  floor      boto3's TransferManager downloading the same objects (no verification),
+             then a fresh interpreter that imports torch and torch.loads every shard.
+
+Target (issue #20): lifeboat <= 1.5x floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+MiB = 1024 * 1024
+LOAD = (
+    "import sys, time, torch\n"
+    "for f in sys.argv[1:]:\n"
+    "    s = torch.load(f, map_location='cpu', weights_only=True); del s\n"
+    "print(f'LOADED {time.time():.6f}')\n"
+)
+
+
+def write_shards(folder: Path, shards: int, total: int) -> list[dict]:
+    import torch
+
+    folder.mkdir(parents=True)
+    files = []
+    per = total // shards // 4
+    for i in range(shards):
+        path = folder / f"shard-{i:02d}-of-{shards:02d}.pt"
+        torch.save({f"layer.{i}.weight": torch.randn(per)}, path)
+        data = path.read_bytes()
+        files.append(
+            {"path": path.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        )
+    return files
+
+
+def first_step(log: Path, timeout: float = 600) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists():
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith("FIRST_STEP "):
+                    return float(line.split()[1])
+        time.sleep(0.02)
+    raise SystemExit(f"the resumed job reported no step; its output:\n{log.read_text()[-2000:]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--total", default="1GiB")
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--endpoint", default=os.environ.get("S3_ENDPOINT_URL", "http://127.0.0.1:8333")
+    )
+    parser.add_argument("--bucket", default=f"bench-resume-{uuid.uuid4().hex[:6]}")
+    args = parser.parse_args()
+    import corpus
+
+    (ROOT / "var").mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-resume-", dir=ROOT / "var"))
+    os.environ.setdefault("S3_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("S3_SECRET_ACCESS_KEY", "bench-secret")
+    os.environ["S3_ENDPOINT_URL"] = args.endpoint
+    os.environ.setdefault("LIFEBOAT_OUTBOUND_ALLOW", urlsplit(args.endpoint).netloc)
+    from replicate import delete_prefix, setup_django
+
+    setup_django(work / "var")
+    from django.conf import settings
+    from django.db import transaction
+
+    settings.LAUNCH_LIFEBOAT_URL = "http://127.0.0.1:9"  # nothing listens: events spool
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+    from s3transfer.manager import TransferManager
+
+    from webapp.domain import resume as resumes
+    from webapp.domain.models import (
+        Checkpoint,
+        CheckpointFile,
+        LaunchProfile,
+        Project,
+        Replica,
+        Resume,
+        Run,
+        StorageTarget,
+    )
+    from workers.launch import launch_resume
+    from workers.replicate import replicate
+
+    client = boto3.client("s3", endpoint_url=args.endpoint, region_name="us-east-1",
+                          aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
+                          aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"])  # fmt: skip
+    client.create_bucket(Bucket=args.bucket)
+    total = corpus.parse_size(args.total)
+    folder = work / "ckpts" / "run" / "step-100"
+    print(f"writing {args.shards} shards, {total / MiB:,.0f} MiB ...", flush=True)
+    files = write_shards(folder, args.shards, total)
+    size = sum(f["size"] for f in files)
+    project = Project.objects.create(
+        name="bench", slug="bench", allowed_roots=[str(work / "ckpts")]
+    )
+    run = Run.objects.create(project=project, key="run")
+    checkpoint = Checkpoint.objects.create(
+        project=project, run=run, step=100, location=str(folder), total_size=size,
+        file_count=len(files), status="verified",
+    )  # fmt: skip
+    CheckpointFile.objects.bulk_create(CheckpointFile(checkpoint=checkpoint, **f) for f in files)
+    target = StorageTarget.objects.create(project=project, name="backup", bucket=args.bucket,
+                                          prefix="lb", endpoint_url=args.endpoint)  # fmt: skip
+    replica = Replica.objects.create(checkpoint=checkpoint, target=target)
+    assert replicate(replica.pk) == "verified"
+    replica.refresh_from_db()
+    profile = LaunchProfile.objects.create(
+        project=project, name="local", kind="local",
+        command_template=(f"{shlex.quote(sys.executable)} bench/resume_job.py "
+                          "--resume-from {{checkpoint_path}} --run {{new_run_key}}"),
+        options={"workdir": str(ROOT), "env": {}},
+    )  # fmt: skip
+    results: dict[str, list[float]] = {"lifeboat": [], "floor": []}
+    try:
+        for round_ in range(args.rounds):
+            for way in ("lifeboat", "floor") if round_ % 2 == 0 else ("floor", "lifeboat"):
+                shutil.rmtree(folder, ignore_errors=True)  # the node that held it is gone
+                if way == "lifeboat":
+                    clicked = time.time()
+                    with transaction.atomic():
+                        resume = resumes.request(checkpoint, profile, actor="bench")
+                    launch_resume(resume.pk)
+                    resume = Resume.objects.get(pk=resume.pk)
+                    if resume.status == "failed":
+                        raise SystemExit(f"the resume failed: {resume.error}")
+                    results[way].append(
+                        first_step(resumes.launch_dir(resume) / "output.log") - clicked
+                    )
+                else:
+                    started = time.time()
+                    folder.mkdir(parents=True)
+                    config = TransferConfig(max_concurrency=10, multipart_chunksize=8 * MiB)
+                    with TransferManager(client, config) as manager:
+                        for entry in replica.files:
+                            manager.download(args.bucket, entry["key"], str(folder / entry["path"]))
+                    out = subprocess.run(
+                        [sys.executable, "-c", LOAD, *sorted(str(p) for p in folder.iterdir())],
+                        capture_output=True, text=True, check=True,
+                    ).stdout  # fmt: skip
+                    results[way].append(float(out.split()[-1]) - started)
+            print(
+                f"round {round_ + 1}: "
+                + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in results.items()),
+                flush=True,
+            )
+    finally:
+        delete_prefix(client, args.bucket, "")
+        client.delete_bucket(Bucket=args.bucket)
+        shutil.rmtree(work, ignore_errors=True)
+    best = {k: min(v) for k, v in results.items()}
+    print()
+    print(f"{len(files)} shards, {size / MiB:,.0f} MiB, {args.rounds} rounds, "
+          f"S3 at {args.endpoint}, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print(f"{'':10} {'best s':>8} {'median s':>9} {'x floor':>8}")
+    for k, v in results.items():
+        print(f"{k:10} {best[k]:8.2f} {statistics.median(v):9.2f} {best[k] / best['floor']:8.2f}")
+    print("target: lifeboat <= 1.5x floor (click to first reported step)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

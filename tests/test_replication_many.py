@@ -1,0 +1,128 @@
+"""Replication of many files at once (webapp/domain/replication/fanout.py): a many-file
+checkpoint arrives complete and byte-exact, several files are on the wire at the same
+time, and one bad file among many leaves no replica recorded as verified."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from tests.test_replication import (
+    make_checkpoint,
+    make_target,
+    objects,
+    open_uploads,
+    replicate_now,
+)
+from webapp.domain.models import Event
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def _prefix(monkeypatch):
+    # make_target writes under tests.test_replication.PREFIX: this test's own.
+    import tests.test_replication
+
+    prefix = f"many-{os.urandom(4).hex()}"
+    monkeypatch.setattr(tests.test_replication, "PREFIX", prefix)
+    return prefix
+
+
+def tree(small: int, large: int = 0, large_size: int = 6 * MiB) -> dict[str, bytes]:
+    files = {f"shard-{i:05d}/part.bin": os.urandom(100 + i % 4000) for i in range(small)}
+    files.update(
+        {f"model-{i:02d}-of-{large:02d}.safetensors": os.urandom(large_size) for i in range(large)}
+    )
+    return files
+
+
+def test_a_many_file_checkpoint_is_copied_complete_and_byte_exact(
+    project, root, s3, settings, _prefix
+):
+    settings.REPLICATION_PART_SIZE = 5 * MiB
+    settings.REPLICATION_CONCURRENCY = 4
+    settings.REPLICATION_FILES_AT_ONCE = 8
+    files = tree(small=400, large=3)
+    checkpoint = make_checkpoint(project, root, 1, files)
+    make_target(project, s3, "main")
+    (replica,) = replicate_now(checkpoint)
+    assert replica.status == "verified", replica.last_error
+    assert (
+        replica.bytes_done
+        == replica.bytes_sent
+        == replica.bytes_total
+        == sum(map(len, files.values()))
+    )
+    assert replica.uploads == {}
+    manifest = json.loads(
+        s3.client.get_object(Bucket=s3.bucket, Key=replica.manifest_key)["Body"].read()
+    )
+    assert sorted(e["path"] for e in manifest["files"]) == sorted(files)
+    stored = objects(s3, f"{_prefix}/main/sha256/")
+    assert len(stored) == len(files)
+    for entry in manifest["files"]:
+        body = s3.client.get_object(Bucket=s3.bucket, Key=entry["key"])["Body"].read()
+        assert body == files[entry["path"]], entry["path"]
+    assert open_uploads(s3, f"{_prefix}/main/") == []
+    assert "403 files" in Event.objects.get(type="replica.verified").message
+
+
+def test_several_large_files_are_on_the_wire_at_the_same_time(project, root, s3, settings, _prefix):
+    # Throttled so that the uploads last seconds; S3 itself, watched from another thread,
+    # shows how many multipart uploads are open at once (one at a time would show 1).
+    settings.REPLICATION_PART_SIZE = 5 * MiB
+    settings.REPLICATION_CONCURRENCY = 4
+    settings.REPLICATION_FILES_AT_ONCE = 4
+    settings.REPLICATION_MAX_BYTES_PER_S = 16 * MiB
+    checkpoint = make_checkpoint(project, root, 1, tree(small=0, large=4, large_size=11 * MiB))
+    make_target(project, s3, "main")
+    seen, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen[0] = max(seen[0], len(open_uploads(s3, f"{_prefix}/main/")))
+            done.wait(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        (replica,) = replicate_now(checkpoint)
+    finally:
+        done.set()
+        watcher.join()
+    assert replica.status == "verified", replica.last_error
+    assert seen[0] >= 2
+
+
+def test_one_changed_file_among_many_leaves_no_verified_replica(
+    project, root, s3, settings, _prefix
+):
+    settings.REPLICATION_PART_SIZE = 5 * MiB
+    settings.REPLICATION_CONCURRENCY = 4
+    settings.REPLICATION_FILES_AT_ONCE = 8
+    files = tree(small=200, large=2, large_size=11 * MiB)
+    checkpoint = make_checkpoint(project, root, 3, files)
+    # One large file is changed in its last part after validation: the other files are
+    # sent meanwhile, but the replica must not be verified nor its manifest written, and
+    # no multipart upload may stay open.
+    name = "model-01-of-02.safetensors"
+    changed = bytearray(files[name])
+    changed[-10] ^= 0xFF
+    (root / "run-1" / "step-3" / name).write_bytes(bytes(changed))
+    make_target(project, s3, "main")
+    (replica,) = replicate_now(checkpoint)
+    assert replica.status == "failed"
+    assert replica.verified_at is None and replica.manifest_key == ""
+    assert f"{name} does not match its recorded sha256" in replica.last_error
+    assert not [k for k in objects(s3, f"{_prefix}/main/") if "/manifests/" in k]
+    assert open_uploads(s3, f"{_prefix}/main/") == []
+    changed_key = next(e["key"] for e in replica.files if e["path"] == name)
+    assert changed_key not in objects(s3, f"{_prefix}/main/")
+    checkpoint.refresh_from_db()
+    assert checkpoint.status == "corrupt"
