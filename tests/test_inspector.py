@@ -560,11 +560,20 @@ def test_the_child_and_the_parent_import_no_django():
     from webapp.domain.validation import (
         checkpoint_walk,
         content_findings,
+        inspect_common,
+        inspect_dcp,
+        inspect_deepspeed,
+        inspect_hf,
+        inspect_safetensors,
+        inspect_torch,
         pickle_policy,
+        sandbox,
         tensor_places,
     )
 
-    helpers = (checkpoint_walk, content_findings, pickle_policy, tensor_places)
+    helpers = (checkpoint_walk, content_findings, pickle_policy, tensor_places, sandbox)
+    helpers += (inspect_common, inspect_dcp, inspect_deepspeed, inspect_hf)
+    helpers += (inspect_safetensors, inspect_torch)
     for module in (inspect_child, inspector, *helpers):
         tree = ast.parse(Path(module.__file__).read_text())
         imported = [
@@ -581,12 +590,13 @@ def test_the_child_and_the_parent_import_no_django():
             for name in imported
             if name.startswith(("django", "webapp")) and name not in allowed
         ]
-    assert "torch" not in {
-        alias.name
-        for node in ast.walk(ast.parse(Path(inspector.__file__).read_text()))
-        if isinstance(node, ast.Import)
-        for alias in node.names
-    }
+    for parent_side in (inspector, sandbox):
+        assert "torch" not in {
+            alias.name
+            for node in ast.walk(ast.parse(Path(parent_side.__file__).read_text()))
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        }
     assert inspector.EXIT_OUT_OF_MEMORY == inspect_child.EXIT_OUT_OF_MEMORY
 
 
