@@ -560,6 +560,7 @@ def test_the_child_and_the_parent_import_no_django():
     from webapp.domain.validation import (
         checkpoint_walk,
         content_findings,
+        formats,
         inspect_common,
         inspect_dcp,
         inspect_deepspeed,
@@ -572,7 +573,7 @@ def test_the_child_and_the_parent_import_no_django():
     )
 
     helpers = (checkpoint_walk, content_findings, pickle_policy, tensor_places, sandbox)
-    helpers += (inspect_common, inspect_dcp, inspect_deepspeed, inspect_hf)
+    helpers += (inspect_common, inspect_dcp, inspect_deepspeed, inspect_hf, formats)
     helpers += (inspect_safetensors, inspect_torch)
     for module in (inspect_child, inspector, *helpers):
         tree = ast.parse(Path(module.__file__).read_text())

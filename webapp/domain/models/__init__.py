@@ -11,7 +11,7 @@ from webapp.domain.models.projects import (
     Project,
     StorageTarget,
 )
-from webapp.domain.models.recovery import Replica, Resume, Validation
+from webapp.domain.models.recovery import Replica, Resume, Validation, ValidationPart
 from webapp.domain.models.retention import RetentionPolicy
 from webapp.domain.models.runs import Run
 
@@ -33,4 +33,5 @@ __all__ = [
     "Run",
     "StorageTarget",
     "Validation",
+    "ValidationPart",
 ]

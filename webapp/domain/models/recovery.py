@@ -86,6 +86,32 @@ class Validation(models.Model):
         }
 
 
+class ValidationPart(models.Model):
+    """One part of a big checkpoint's validation fanned out over workers
+    (webapp/domain/validation/fanout.py): the files one task hashes and inspects, and what
+    it found, until the verdict task merges every part."""
+
+    validation = models.ForeignKey(Validation, on_delete=models.CASCADE, related_name="parts")
+    index = models.IntegerField()
+    files = models.JSONField(default=list)  # relative paths, in the checkpoint's order
+    bytes_total = models.BigIntegerField(default=0)
+    status = models.CharField(
+        max_length=16, choices=ValidationStatus.choices, default=ValidationStatus.QUEUED
+    )
+    worker = models.CharField(max_length=255, blank=True)
+    # {"findings": [...], "bytes_read": int, "hash_s": float, "inspection": {...}}
+    result = models.JSONField(default=dict, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["validation", "index"], name="validation_part_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"part {self.index} of validation {self.validation_id}: {self.status}"
+
+
 class ReplicaStatus(models.TextChoices):
     PENDING = "pending", "Pending"
     UPLOADING = "uploading", "Uploading"

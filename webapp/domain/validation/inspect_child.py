@@ -30,7 +30,6 @@ import os
 import sys
 from pathlib import PurePosixPath
 
-from webapp.domain.validation import inspect_deepspeed
 from webapp.domain.validation.content_findings import plural as plural
 from webapp.domain.validation.inspect_common import (
     EXIT_OUT_OF_MEMORY,
@@ -44,6 +43,7 @@ from webapp.domain.validation.inspect_common import (
 
 # --------------------------------------------------------------------------- the checkpoint
 from webapp.domain.validation.inspect_dcp import inspect_dcp
+from webapp.domain.validation.inspect_deepspeed import check_folders
 from webapp.domain.validation.inspect_hf import inspect_hf_json, is_hf_index
 from webapp.domain.validation.inspect_safetensors import inspect_safetensors_file
 from webapp.domain.validation.inspect_torch import inspect_torch_file, is_torch_candidate
@@ -55,10 +55,15 @@ def inspect(request: dict) -> dict:
     files = sorted(str(p) for p in request["files"])
     report = Report()
     file_set = set(files)
-    dcp_roots = sorted({parent_dir(p) for p in files if PurePosixPath(p).name == ".metadata"})
-    for rel in files:
+    # One part of a checkpoint checked in parts (inspector.inspect_in_parts): only these
+    # files' contents are read here; `files` is the whole checkpoint, for the checks
+    # that look across files (a DCP checkpoint is always one part, with its shards).
+    only = set(request.get("only") or files)
+    dcp_roots = sorted({parent_dir(p) for p in only if PurePosixPath(p).name == ".metadata"})
+    all_dcp_roots = sorted({parent_dir(p) for p in files if PurePosixPath(p).name == ".metadata"})
+    for rel in sorted(only):
         try:
-            inspect_file(base, rel, file_set, dcp_roots, report)
+            inspect_file(base, rel, file_set, all_dcp_roots, report)
         except Exception as exc:  # a gap in this checker, not in the file
             raise_if_out_of_memory(exc)
             report.add(
@@ -78,11 +83,11 @@ def inspect(request: dict) -> dict:
                 f"the DCP checkpoint in {root or '.'} could not be inspected "
                 f"({type(exc).__name__}: {first_line(exc)})",
             )
-    check_orphan_dcp_shards(files, dcp_roots, report)
-    inspect_deepspeed.check_folders(files, report)
+    check_orphan_dcp_shards(sorted(only), all_dcp_roots, report)
+    check_folders(files, report)
     if any(PurePosixPath(p).name == "trainer_state.json" for p in files):
         report.formats.add("hf-trainer")
-    return report.as_dict(request.get("format_hint", ""))
+    return report.as_dict(request.get("format_hint", ""), bool(request.get("raw_values")))
 
 
 def inspect_file(base: str, rel: str, files: set[str], dcp_roots: list[str], report) -> None:

@@ -12,13 +12,14 @@ import pickletools
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 
 import torch
 
 from webapp.domain.validation.content_findings import AllZero, NonFinite, value_findings
 from webapp.domain.validation.content_findings import plural as plural
+from webapp.domain.validation.formats import format_differs, strongest_format
 from webapp.domain.validation.tensor_places import BOOKKEEPING, MODEL
 
 # Must match inspector.EXIT_OUT_OF_MEMORY (a test checks that they agree).
@@ -32,20 +33,6 @@ ZIP_MAGIC = b"PK\x03\x04"
 LEGACY_TORCH_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
 SAFETENSORS_HEADER_LIMIT = 100_000_000  # the safetensors library refuses larger headers
 CHUNK_ELEMENTS = 1 << 24  # for dtypes scanned through a float32 copy, a bounded one
-# What a job may write as its format hint, and the format name it means.
-FORMAT_ALIASES = {
-    "torch": "torch",
-    "pytorch": "torch",
-    "lightning": "lightning",
-    "pytorch-lightning": "lightning",
-    "safetensors": "safetensors",
-    "dcp": "dcp",
-    "torch.distributed.checkpoint": "dcp",
-    "hf-trainer": "hf-trainer",
-    "hf": "hf-trainer",
-    "huggingface": "hf-trainer",
-    "transformers": "hf-trainer",
-}
 
 
 # --------------------------------------------------------------------------- report
@@ -84,16 +71,20 @@ class Report:
         self.dtypes[dtype] += 1
         self.keys[name] = [dtype, shape]
 
-    def as_dict(self, format_hint: str) -> dict:
-        self._summarise_content()
+    def as_dict(self, format_hint: str, raw_values: bool = False) -> dict:
+        """The result. With `raw_values` (one part of a checkpoint checked in parts) the
+        NaN/Inf and all-zero tensors are listed under "values" for the parent to
+        summarise over all parts (inspector.merge_parts), not summarised here."""
         detected = self._format()
-        hinted = FORMAT_ALIASES.get(format_hint.strip().lower(), "")
-        if hinted and detected != "unknown" and hinted != detected:
-            self.add(
-                "info",
-                "format_differs",
-                f"the job reported the format {format_hint!r}, but the files are {detected}",
-            )
+        if raw_values:
+            values = {
+                "nonfinite": [asdict(v) for v in self.nonfinite],
+                "zero": [asdict(z) for z in self.zero],
+            }
+        else:
+            self._summarise_content()
+            values = None
+            self.findings.extend(format_differs(format_hint, detected))
         return {
             "format": detected,
             "tensors": self.tensors,
@@ -102,13 +93,11 @@ class Report:
             "keys": self.keys,
             "findings": self.findings,
             "timings": {"load_s": round(self.load_s, 6), "scan_s": round(self.scan_s, 6)},
+            **({"values": values} if values is not None else {}),
         }
 
     def _format(self) -> str:
-        for name in ("dcp", "hf-trainer", "lightning", "torch", "safetensors"):
-            if name in self.formats:
-                return name
-        return "unknown"
+        return strongest_format(self.formats)
 
     def _summarise_content(self) -> None:
         """NaN/Inf and all-zero findings, by where each value lives (content_findings)."""

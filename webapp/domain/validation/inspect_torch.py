@@ -12,7 +12,6 @@ from pathlib import PurePosixPath
 
 import torch
 
-from webapp.domain.validation import inspect_deepspeed
 from webapp.domain.validation.checkpoint_walk import walk
 from webapp.domain.validation.content_findings import plural as plural
 from webapp.domain.validation.inspect_common import (
@@ -26,6 +25,7 @@ from webapp.domain.validation.inspect_common import (
     pickle_globals,
     raise_if_out_of_memory,
 )
+from webapp.domain.validation.inspect_deepspeed import note_model_states
 from webapp.domain.validation.pickle_policy import numpy_data_objects, split_globals
 
 # --------------------------------------------------------------------------- torch files
@@ -209,7 +209,7 @@ def inspect_torch_file(full: str, rel: str, size: int, head: bytes, report: Repo
         report.load_s += time.perf_counter() - started
     if is_lightning(obj):
         report.formats.add("lightning")
-    inspect_deepspeed.note_model_states(rel, obj, report)
+    note_model_states(rel, obj, report)
     scanner = Scanner(report)
     for found in walk(obj, rel):
         scanner.tensor(found.name, found.tensor, found.role)

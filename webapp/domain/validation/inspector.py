@@ -23,7 +23,6 @@ import os
 import signal
 import time
 
-from webapp.domain.validation import sandbox
 from webapp.domain.validation.sandbox import (  # noqa: F401  (re-exported)
     PROJECT_ROOT,
     WarmHelper,
@@ -32,6 +31,7 @@ from webapp.domain.validation.sandbox import (  # noqa: F401  (re-exported)
     run_fresh_child,
     serve_forked,
 )
+from webapp.domain.validation.sandbox import warm_helper as sandbox_warm_helper
 
 CHILD_MODULE = "webapp.domain.validation.inspect_child"
 # The child exits with this status when it runs out of memory (inspect_child has the same).
@@ -59,6 +59,9 @@ def inspect_checkpoint(
     timeout_s: float = 600,
     memory_bytes: int = 8 << 30,
     warm: bool = False,
+    only: list[str] | None = None,
+    raw_values: bool = False,
+    slot: int = 0,
 ) -> dict:
     """Loads and scans a checkpoint in a child process; never raises for a bad checkpoint
     or a dead child.
@@ -87,6 +90,10 @@ def inspect_checkpoint(
 
     `warm=True` runs the check in a child forked from a helper that imported torch once
     (see the module docstring): the same limits, without paying for `import torch`.
+
+    One part of a checkpoint checked in parts (inspect_parts): `only` names the files whose
+    contents this child reads, `raw_values` leaves the NaN/Inf summary to the merge, and
+    `slot` picks one of several warm helpers, so that parts run at the same time.
     """
     request = {
         "base": str(base),
@@ -94,10 +101,14 @@ def inspect_checkpoint(
         "single_file": bool(single_file),
         "format_hint": format_hint or "",
     }
-    address_space = memory_bytes + largest_file(str(base), request["files"])
+    if only is not None:
+        request["only"] = [str(f) for f in only]
+    if raw_values:
+        request["raw_values"] = True
+    address_space = memory_bytes + largest_file(str(base), request.get("only", request["files"]))
     started = time.monotonic()
     if warm:
-        outcome = _warm_helper().run(request, address_space, timeout_s)
+        outcome = warm_helper(CHILD_MODULE, slot).run(request, address_space, timeout_s)
     else:
         outcome = run_fresh_child(request, address_space, timeout_s, CHILD_MODULE)
     return interpret(outcome, timeout_s, memory_bytes, time.monotonic() - started)
@@ -122,9 +133,10 @@ def largest_file(base: str, files: list[str]) -> int:
     return max(sizes, default=0)
 
 
-def warm_helper(module: str = CHILD_MODULE) -> WarmHelper:
-    """This process's warm helper for `module` (the load check's child by default)."""
-    return sandbox.warm_helper(module)
+def warm_helper(module: str = CHILD_MODULE, slot: int = 0) -> WarmHelper:
+    """This process's warm helper for `module` (the load check's child by default); each
+    `slot` is a helper of its own, for checks that run at the same time."""
+    return sandbox_warm_helper(module, slot)
 
 
 _warm_helper = warm_helper  # the validation's own name for it

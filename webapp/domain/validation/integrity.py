@@ -109,6 +109,7 @@ def check_local(
     *,
     keep_open: bool = False,
     workers: int = 1,
+    only: set[str] | None = None,
 ) -> IntegrityReport:
     """Every file opened by walking from an allowed root's descriptor
     (confined_files): what is hashed is what was checked. With `keep_open`, the
@@ -118,7 +119,11 @@ def check_local(
     The files are opened one after another (the confined walk), then hashed by up to
     `workers` threads at once: sha256 and the reads release the GIL, so a many-file
     checkpoint is hashed on as many cores as it has files. `progress(n)` is called from
-    those threads (with `file=` when it accepts it, see FileProgress)."""
+    those threads (with `file=` when it accepts it, see checking.FileProgress).
+
+    `only` (one part of a fanned-out validation): hash and report just these files; the
+    others are opened by the same confined walk and, with keep_open, kept for the
+    inspection's cross-file checks (their own part hashes them)."""
     started = time.perf_counter()
     report = IntegrityReport()
     with confined_files.Tree(allowed_roots) as tree:
@@ -155,7 +160,9 @@ def check_local(
                 if isinstance(fd, int):
                     os.close(fd)
             raise
-    _hash_all(opened, report, progress, keep_open, workers)
+    if only is not None:
+        opened = [(spec, fd) for spec, fd in opened if spec.path in only or isinstance(fd, int)]
+    _hash_all(opened, report, progress, keep_open, workers, only)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -184,7 +191,7 @@ def _open_one(tree, place, is_dir: bool, spec: FileSpec) -> int | Finding:
         return Finding("corrupt", "unreadable", f"{spec.path} cannot be read: {exc}", spec.path)
 
 
-def _hash_all(opened, report: IntegrityReport, progress, keep_open: bool, workers: int) -> None:
+def _hash_all(opened, report: IntegrityReport, progress, keep_open, workers, only) -> None:
     """Hashes the opened files, `workers` at a time; findings in the order of `opened`."""
     lock = threading.Lock()
 
@@ -192,6 +199,13 @@ def _hash_all(opened, report: IntegrityReport, progress, keep_open: bool, worker
         spec, fd = item
         if isinstance(fd, Finding):
             return [fd]
+        if only is not None and spec.path not in only:
+            with lock:
+                if keep_open:
+                    report.handles[spec.path] = fd
+                else:
+                    os.close(fd)
+            return []
         try:
             per_file = _file_progress(progress, spec.path)
             problem = _hash_and_compare(fd, spec, report, per_file, lock)

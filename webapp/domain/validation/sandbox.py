@@ -230,22 +230,24 @@ def _helper_failure(why: str) -> dict:
     return {"returncode": None, "stdout": "", "stderr": why}
 
 
-_helpers: dict[str, WarmHelper] = {}
+_helpers: dict[tuple[str, int], WarmHelper] = {}
 _helpers_pid = 0
 _helper_lock = threading.Lock()
 
 
-def warm_helper(module: str) -> WarmHelper:
-    """This process's helper for `module`, created on first use (not yet started)."""
+def warm_helper(module: str, slot: int = 0) -> WarmHelper:
+    """This process's helper number `slot` for `module`, created on first use (not yet
+    started). One helper runs one request at a time; requests that must run at the same
+    time use different slots."""
     global _helpers_pid
     with _helper_lock:
         if _helpers_pid != os.getpid():
             # A forked worker (Celery prefork) must not share its parent's helpers and pipes.
             _helpers.clear()
             _helpers_pid = os.getpid()
-        if module not in _helpers:
-            _helpers[module] = WarmHelper(module)
-        return _helpers[module]
+        if (module, slot) not in _helpers:
+            _helpers[module, slot] = WarmHelper(module)
+        return _helpers[module, slot]
 
 
 # --------------------------------------------------------------------------- the helper's side
