@@ -30,6 +30,8 @@ import os
 import sys
 from pathlib import PurePosixPath
 
+import torch
+
 from webapp.domain.validation.content_findings import plural as plural
 from webapp.domain.validation.inspect_common import (
     EXIT_OUT_OF_MEMORY,
@@ -52,6 +54,8 @@ from webapp.domain.validation.inspect_torch import inspect_torch_file, is_torch_
 def inspect(request: dict) -> dict:
     """The whole check of one checkpoint; never raises for a bad file (only MemoryError)."""
     base = request["base"]
+    if request.get("threads"):
+        torch.set_num_threads(int(request["threads"]))
     files = sorted(str(p) for p in request["files"])
     report = Report()
     file_set = set(files)

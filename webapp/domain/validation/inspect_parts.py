@@ -75,10 +75,13 @@ def raw_parts(
             sizes[rel] = 0
     groups = split(only, sizes, parts)
 
+    threads = max(1, (os.cpu_count() or 1) // len(groups))
+
     def one(slot: int) -> dict:
         return inspect_checkpoint(
-            base, files, single_file, "", only=groups[slot], raw_values=True, slot=slot, **limits
-        )
+            base, files, single_file, "", only=groups[slot], raw_values=True, slot=slot,
+            threads=threads, **limits,
+        )  # fmt: skip
 
     if len(groups) == 1:
         return [one(0)]

@@ -62,6 +62,7 @@ def inspect_checkpoint(
     only: list[str] | None = None,
     raw_values: bool = False,
     slot: int = 0,
+    threads: int | None = None,
 ) -> dict:
     """Loads and scans a checkpoint in a child process; never raises for a bad checkpoint
     or a dead child.
@@ -93,7 +94,9 @@ def inspect_checkpoint(
 
     One part of a checkpoint checked in parts (inspect_parts): `only` names the files whose
     contents this child reads, `raw_values` leaves the NaN/Inf summary to the merge, and
-    `slot` picks one of several warm helpers, so that parts run at the same time.
+    `slot` picks one of several warm helpers, so that parts run at the same time, and
+    `threads` bounds the child's torch threads (parts at once share the cores: an
+    oversubscribed NaN scan runs several times slower).
     """
     request = {
         "base": str(base),
@@ -105,6 +108,8 @@ def inspect_checkpoint(
         request["only"] = [str(f) for f in only]
     if raw_values:
         request["raw_values"] = True
+    if threads:
+        request["threads"] = int(threads)
     address_space = memory_bytes + largest_file(str(base), request.get("only", request["files"]))
     started = time.monotonic()
     if warm:
