@@ -8,6 +8,8 @@ worker checks what the job has just written). Measured in the same run:
   read        every byte read (8 MiB reads), one thread per shard up to the cores
   sha256/cores  hashlib.sha256 of every byte on one core, divided by the cores
   floor       max(read, sha256/cores): no check of every byte can beat it
+  sha256 threads  every file hashed by one thread per core at once: what the cores
+              give now (on a shared, loaded machine, less than sha256/cores)
   one worker  Lifeboat's check as one validate worker runs it: integrity (confined
               open, size, sha256; files hashed by VALIDATION_PARALLEL threads), then the
               load check (header validated, shards mapped, every tensor scanned for
@@ -55,6 +57,11 @@ def sha256_all(paths: list[Path]) -> None:
                 digest.update(chunk)
 
 
+def sha256_threads(paths: list[Path], threads: int) -> None:
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda p: sha256_all([p]), paths))
+
+
 def check(location: Path, specs: list[FileSpec], only: list[str], parts: int) -> list[dict]:
     """One worker's check of the files `only`: integrity, then the load check in parts."""
     report = check_local(
@@ -95,11 +102,14 @@ def run(root: Path, shards: int, total: int, rounds: int) -> int:
     size = sum(f["size"] for f in manifest)
     start_helpers(parts)
     check(location, specs, [s.path for s in specs], parts)  # warm-up
-    rows: dict[str, list[float]] = {"read": [], "sha256/cores": [], "one worker": []}
+    rows: dict[str, list[float]] = {"read": [], "sha256/cores": [], "sha256 threads": []}
+    rows["one worker"] = []
     every = [s.path for s in specs]
     for _ in range(rounds):
         rows["read"].append(timed(lambda: read_all(paths, min(cores, len(paths)))))
         rows["sha256/cores"].append(timed(lambda: sha256_all(paths)) / cores)
+        # What `cores` hashing threads get now (on a loaded machine, less than the cores).
+        rows["sha256 threads"].append(timed(lambda: sha256_threads(paths, cores)))
         seconds = timed(lambda: verify(check(location, specs, every, parts)))
         rows["one worker"].append(seconds)
     rows["two workers"] = two_workers(location, specs, parts, rounds)
