@@ -55,12 +55,13 @@ def fan_out(validation_id: int, fingerprint: str) -> bool:
                     index=i,
                     files=group,
                     bytes_total=sum(sizes[p] for p in group),
+                    # What the verdict task compares with the files' rows when it records.
+                    result={"fingerprint": fingerprint},
                 )
                 for i, group in enumerate(groups)
             )
-        locked.timings = {"fanout": {"fingerprint": fingerprint, "parts": locked.parts.count()}}
         locked.files_total = len(rows)
-        locked.save(update_fields=["timings", "files_total"])
+        locked.save(update_fields=["files_total"])
         pending = list(locked.parts.exclude(finished_at__isnull=False).values_list("pk", flat=True))
         transaction.on_commit(lambda: _publish_parts(pending, validation_id, fingerprint))
     return True
@@ -126,6 +127,7 @@ def run_part(part_id: int, worker: str = "") -> str:
         log.exception("part %s of validation %s could not run", part_id, part.validation_id)
         result = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         status = ValidationStatus.ERROR
+    result["fingerprint"] = part.result.get("fingerprint", "")
     with transaction.atomic():
         locked = ValidationPart.objects.select_for_update().get(pk=part_id)
         if locked.finished_at is None:
@@ -194,7 +196,7 @@ def _part_finished(part_id: int) -> None:
         validation = Validation.objects.select_for_update().get(pk=part.validation_id)
         if validation.is_final or validation.parts.filter(finished_at__isnull=True).exists():
             return
-        fingerprint = (validation.timings.get("fanout") or {}).get("fingerprint", "")
+        fingerprint = part.result.get("fingerprint", "")
         transaction.on_commit(
             lambda: current_app.send_task(
                 "workers.validate.decide_validation", args=[validation.pk, fingerprint]
@@ -221,12 +223,12 @@ def decide(validation_id: int, fingerprint: str) -> str:
         return "error"
     findings = [Finding(**f) for p in parts for f in p.result.get("findings", [])]
     inspections = [i for p in parts for i in p.result.get("inspections", [])]
-    timings = {"hash_s": max(p.result.get("hash_s", 0.0) for p in parts), "parts": len(parts)}
+    timings = {"hash_s": max(p.result.get("hash_s", 0.0) for p in parts)}
     content: dict = {}
     if inspections and not any(f.severity in ("corrupt", "missing", "refused") for f in findings):
         checkpoint = validation.checkpoint
         inspection = merge_parts(inspections, checkpoint.format)
-        timings.update({k: v for k, v in inspection["timings"].items() if k != "parts"})
+        timings.update(inspection["timings"])
         findings += [Finding(**f) for f in inspection["findings"]]
         content = {
             k: inspection.get(k)
