@@ -17,9 +17,10 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import PurePosixPath
 
+# By the module, not the name: a test replaces inspector.inspect_checkpoint.
+import webapp.domain.validation.inspector as inspector
 from webapp.domain.validation.content_findings import AllZero, NonFinite, value_findings
 from webapp.domain.validation.formats import format_differs, strongest_format
-from webapp.domain.validation.inspector import inspect_checkpoint
 
 
 def units(files: list[str]) -> list[list[str]]:
@@ -56,7 +57,7 @@ def inspect_in_parts(
     """inspect_checkpoint over `parts` children at once (each under the limits, on its own
     warm helper slot when warm=True); one child when there is one part."""
     if len(units(files)) <= 1 or parts <= 1:
-        return inspect_checkpoint(base, files, single_file, format_hint, **limits)
+        return inspector.inspect_checkpoint(base, files, single_file, format_hint, **limits)
     results = raw_parts(base, files, single_file, files, parts=parts, **limits)
     return merge_parts(results, format_hint)
 
@@ -78,7 +79,7 @@ def raw_parts(
     threads = max(1, (os.cpu_count() or 1) // len(groups))
 
     def one(slot: int) -> dict:
-        return inspect_checkpoint(
+        return inspector.inspect_checkpoint(
             base, files, single_file, "", only=groups[slot], raw_values=True, slot=slot,
             threads=threads, **limits,
         )  # fmt: skip
