@@ -131,6 +131,14 @@ class FileProgress:
         Validation.objects.filter(pk=self.validation_id).update(**fields)
 
 
+def file_specs(checkpoint) -> list:
+    """The files the job reported, as integrity checks them, in path order."""
+    from webapp.domain.validation.integrity import FileSpec
+
+    rows = checkpoint.files.order_by("path").values_list("path", "size", "sha256")
+    return [FileSpec(path, size, sha) for path, size, sha in rows]
+
+
 def run_checks(validation_id: int):
     from webapp.domain.models import Validation
     from webapp.domain.validation import checked_view, integrity, verdict
@@ -141,12 +149,7 @@ def run_checks(validation_id: int):
     )
     checkpoint = validation.checkpoint
     project = checkpoint.project
-    specs = [
-        integrity.FileSpec(path, size, sha)
-        for path, size, sha in checkpoint.files.order_by("path").values_list(
-            "path", "size", "sha256"
-        )
-    ]
+    specs = file_specs(checkpoint)
     progress = FileProgress(validation_id, len(specs))
     scratch = None
     report = None

@@ -139,16 +139,11 @@ def run_part(part_id: int, worker: str = "") -> str:
 
 def _check_part(part) -> dict:
     from webapp.domain.validation import checked_view, integrity
-    from webapp.domain.validation.checking import parallelism
+    from webapp.domain.validation.checking import file_specs, parallelism
     from webapp.domain.validation.inspect_parts import raw_parts
 
     checkpoint = part.validation.checkpoint
-    specs = [
-        integrity.FileSpec(path, size, sha)
-        for path, size, sha in checkpoint.files.order_by("path").values_list(
-            "path", "size", "sha256"
-        )
-    ]
+    specs = file_specs(checkpoint)
     progress = PartProgress(part.validation_id)
     view = settings.SCRATCH_DIR / f"validation-{part.validation_id}-part-{part.index}.checked"
     checked_view.raise_open_file_limit(len(specs))
