@@ -159,7 +159,7 @@ def main() -> int:
 
 def serve() -> int:
     """The warm helper (inspector.WarmHelper): torch is imported once, here; each request
-    is checked in a child forked for it, under its limits (inspector.serve_forked). This
+    is checked in a child forked for it, under its limits (sandbox.serve_forked). This
     process itself never opens a checkpoint."""
     from webapp.domain.validation.sandbox import serve_forked
 
