@@ -1,8 +1,10 @@
 """Validation throughput on a 1 GiB checkpoint, beside a plain hashlib.sha256 read of the
-same file in the same run.
+same file in the same run; with --shards, a sharded checkpoint against the machine's
+limit (bench/validate_sharded.py).
 
     .venv/bin/python bench/validate.py               # 1 GiB, 3 rounds
     .venv/bin/python bench/validate.py --size-mib 256 --rounds 5
+    .venv/bin/python bench/validate.py --shards 8 --total 2GiB
 
 Phases, each timed over the same file (warm in the page cache after the first read, as
 it is when a worker checks a checkpoint the job has just written):
@@ -70,7 +72,15 @@ def main() -> int:
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", help="where to write the checkpoint (default: a temp dir)")
+    parser.add_argument("--shards", type=int, help="a sharded HF checkpoint of this many shards")
+    parser.add_argument("--total", default="8GiB", help="with --shards: its size (8GiB, 1GiB)")
     args = parser.parse_args()
+    if args.shards:
+        from bench.corpus import parse_size
+        from bench.validate_sharded import run
+
+        with tempfile.TemporaryDirectory(dir=args.dir, prefix="lifeboat-bench-validate-") as tmp:
+            return run(Path(tmp), args.shards, parse_size(args.total), args.rounds)
 
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="lifeboat-bench-validate-") as tmp:
         root = Path(tmp)

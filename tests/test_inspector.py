@@ -560,11 +560,21 @@ def test_the_child_and_the_parent_import_no_django():
     from webapp.domain.validation import (
         checkpoint_walk,
         content_findings,
+        formats,
+        inspect_common,
+        inspect_dcp,
+        inspect_deepspeed,
+        inspect_hf,
+        inspect_safetensors,
+        inspect_torch,
         pickle_policy,
+        sandbox,
         tensor_places,
     )
 
-    helpers = (checkpoint_walk, content_findings, pickle_policy, tensor_places)
+    helpers = (checkpoint_walk, content_findings, pickle_policy, tensor_places, sandbox)
+    helpers += (inspect_common, inspect_dcp, inspect_deepspeed, inspect_hf, formats)
+    helpers += (inspect_safetensors, inspect_torch)
     for module in (inspect_child, inspector, *helpers):
         tree = ast.parse(Path(module.__file__).read_text())
         imported = [
@@ -581,12 +591,13 @@ def test_the_child_and_the_parent_import_no_django():
             for name in imported
             if name.startswith(("django", "webapp")) and name not in allowed
         ]
-    assert "torch" not in {
-        alias.name
-        for node in ast.walk(ast.parse(Path(inspector.__file__).read_text()))
-        if isinstance(node, ast.Import)
-        for alias in node.names
-    }
+    for parent_side in (inspector, sandbox):
+        assert "torch" not in {
+            alias.name
+            for node in ast.walk(ast.parse(Path(parent_side.__file__).read_text()))
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        }
     assert inspector.EXIT_OUT_OF_MEMORY == inspect_child.EXIT_OUT_OF_MEMORY
 
 
@@ -700,12 +711,12 @@ def test_a_dead_warm_helper_is_replaced(tmp_path):
             "(exit status 1): RuntimeError: boom",
         ),
         ({"returncode": 0, "stdout": "{", "stderr": ""}, "load_crashed", "without a readable"),
-        ({"returncode": 3, "stdout": "", "stderr": ""}, "load_out_of_memory", "8 GiB"),
-        ({"returncode": -9, "stdout": "", "stderr": ""}, "load_out_of_memory", "8 GiB"),
+        ({"returncode": 3, "stdout": "", "stderr": ""}, "load_out_of_memory", "8.0 GiB"),
+        ({"returncode": -9, "stdout": "", "stderr": ""}, "load_out_of_memory", "8.0 GiB"),
         (
             {"returncode": -6, "stdout": "", "stderr": "terminate: std::bad_alloc"},
             "load_out_of_memory",
-            "8 GiB",
+            "8.0 GiB",
         ),
     ],
 )

@@ -19,7 +19,7 @@ from tests.conftest import queued_tasks, saved, start_worker, stop_worker, wait_
 from webapp.domain import restore_test as rt
 from webapp.domain.models import Checkpoint, Replica, StorageTarget, Validation
 from webapp.domain.replication import policy
-from webapp.domain.validation import inspector
+from webapp.domain.validation import inspector, sandbox
 from workers.replicate import replicate
 from workers.validate import validate_checkpoint
 
@@ -158,7 +158,7 @@ def test_a_hung_warm_loader_fails_the_test_clearly_and_is_replaced(
     hung = loader().pid
     os.kill(hung, signal.SIGSTOP)  # it takes the request and never answers
     settings.VALIDATION_TIMEOUT_S = 1
-    monkeypatch.setattr(inspector, "HELPER_GRACE_S", 0.5)
+    monkeypatch.setattr(sandbox, "HELPER_GRACE_S", 0.5)
     validation = restore(replicated)
     assert validation.status == "failed"
     assert validation.message == (

@@ -361,6 +361,13 @@ VALIDATION_MEMORY_BYTES = env_int("VALIDATION_MEMORY_BYTES", 16 * 1024**3, minim
 # After this many validations of one checkpoint that could not run (errors, not
 # findings), it is marked suspicious instead of being retried forever.
 VALIDATION_MAX_ERRORS = env_int("VALIDATION_MAX_ERRORS", 3, minimum=1)
+# Files hashed, and inspection children run, at once by one worker (at most its cores).
+VALIDATION_PARALLEL = env_int("VALIDATION_PARALLEL", 8, minimum=1)
+# A local checkpoint of at least this many bytes (and two files or more) is checked as
+# up to VALIDATION_FANOUT_PARTS part tasks that any validate worker takes, then one
+# verdict task (webapp/domain/validation/fanout.py); 0 never fans out.
+VALIDATION_FANOUT_BYTES = env_int("VALIDATION_FANOUT_BYTES", 4 * 1024**3, minimum=0)
+VALIDATION_FANOUT_PARTS = env_int("VALIDATION_FANOUT_PARTS", 8, minimum=2)
 # Pinned and latest verified checkpoints are checked again when their last check is
 # older than this (bits rot).
 REVALIDATE_AFTER_S = env_int("REVALIDATE_AFTER_S", 24 * 3600, minimum=60)

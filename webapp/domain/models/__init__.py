@@ -11,7 +11,7 @@ from webapp.domain.models.projects import (
     Project,
     StorageTarget,
 )
-from webapp.domain.models.recovery import Replica, Resume, Validation
+from webapp.domain.models.recovery import Replica, Resume, Validation, ValidationPart
 from webapp.domain.models.retention import RetentionPolicy
 from webapp.domain.models.runs import Run, RunStats
 
@@ -34,4 +34,5 @@ __all__ = [
     "RunStats",
     "StorageTarget",
     "Validation",
+    "ValidationPart",
 ]

@@ -56,6 +56,11 @@ class Validation(models.Model):
     # Progress while it runs, written about once a second by the worker.
     bytes_total = models.BigIntegerField(default=0)
     bytes_done = models.BigIntegerField(default=0)
+    # Per file: how many of the checkpoint's files are checked, and the bytes hashed so far
+    # of each file being checked now ({path: bytes}; a few at a time, never all).
+    files_total = models.IntegerField(default=0)
+    files_done = models.IntegerField(default=0)
+    files_running = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -71,8 +76,40 @@ class Validation(models.Model):
         return self.status not in (ValidationStatus.QUEUED, ValidationStatus.RUNNING)
 
     def progress(self, now=None) -> dict:
-        """Bytes done, rate (bytes/s) and ETA (s) for the UI and the CLI."""
-        return progress_of(self, now)
+        """Bytes done, rate (bytes/s) and ETA (s) for the UI and the CLI; files done of
+        files total, and the files being checked now with their bytes done."""
+        return {
+            **progress_of(self, now),
+            "files_total": self.files_total,
+            "files_done": self.files_done,
+            "files_running": {} if self.is_final else dict(self.files_running or {}),
+        }
+
+
+class ValidationPart(models.Model):
+    """One part of a big checkpoint's validation fanned out over workers
+    (webapp/domain/validation/fanout.py): the files one task hashes and inspects, and what
+    it found, until the verdict task merges every part."""
+
+    validation = models.ForeignKey(Validation, on_delete=models.CASCADE, related_name="parts")
+    index = models.IntegerField()
+    files = models.JSONField(default=list)  # relative paths, in the checkpoint's order
+    bytes_total = models.BigIntegerField(default=0)
+    status = models.CharField(
+        max_length=16, choices=ValidationStatus.choices, default=ValidationStatus.QUEUED
+    )
+    worker = models.CharField(max_length=255, blank=True)
+    # {"findings": [...], "bytes_read": int, "hash_s": float, "inspection": {...}}
+    result = models.JSONField(default=dict, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["validation", "index"], name="validation_part_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"part {self.index} of validation {self.validation_id}: {self.status}"
 
 
 class ReplicaStatus(models.TextChoices):

@@ -12,11 +12,14 @@ directory the same way.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from webapp.domain import confined_files
@@ -105,11 +108,22 @@ def check_local(
     progress: Progress | None = None,
     *,
     keep_open: bool = False,
+    workers: int = 1,
+    only: set[str] | None = None,
 ) -> IntegrityReport:
     """Every file opened by walking from an allowed root's descriptor
     (confined_files): what is hashed is what was checked. With `keep_open`, the
     descriptors of the files that passed stay open in report.handles for the caller
-    to read the same files from (report.close() closes them)."""
+    to read the same files from (report.close() closes them).
+
+    The files are opened one after another (the confined walk), then hashed by up to
+    `workers` threads at once: sha256 and the reads release the GIL, so a many-file
+    checkpoint is hashed on as many cores as it has files. `progress(n)` is called from
+    those threads (with `file=` when it accepts it, see checking.FileProgress).
+
+    `only` (one part of a fanned-out validation): hash and report just these files; the
+    others are opened by the same confined walk and, with keep_open, kept for the
+    inspection's cross-file checks (their own part hashes them)."""
     started = time.perf_counter()
     report = IntegrityReport()
     with confined_files.Tree(allowed_roots) as tree:
@@ -137,13 +151,18 @@ def check_local(
                 )
             )
             return report
+        opened: list[tuple[FileSpec, int | Finding]] = []
         try:
             for spec in files:
-                found = _check_one(tree, place, is_dir, spec, report, progress, keep_open)
-                report.findings.extend(found)
+                opened.append((spec, _open_one(tree, place, is_dir, spec)))
         except BaseException:
-            report.close()
+            for _, fd in opened:
+                if isinstance(fd, int):
+                    os.close(fd)
             raise
+    if only is not None:
+        opened = [(spec, fd) for spec, fd in opened if spec.path in only or isinstance(fd, int)]
+    _hash_all(opened, report, progress, keep_open, workers, only)
     report.seconds = time.perf_counter() - started
     return report
 
@@ -172,26 +191,57 @@ def _open_one(tree, place, is_dir: bool, spec: FileSpec) -> int | Finding:
         return Finding("corrupt", "unreadable", f"{spec.path} cannot be read: {exc}", spec.path)
 
 
-def _check_one(
-    tree, place, is_dir: bool, spec: FileSpec, report: IntegrityReport, progress, keep_open
-) -> list[Finding]:
-    opened = _open_one(tree, place, is_dir, spec)
-    if isinstance(opened, Finding):
-        return [opened]
-    fd = opened
+def _hash_all(opened, report: IntegrityReport, progress, keep_open, workers, only) -> None:
+    """Hashes the opened files, `workers` at a time; findings in the order of `opened`."""
+    lock = threading.Lock()
+
+    def one(item) -> list[Finding]:
+        spec, fd = item
+        if isinstance(fd, Finding):
+            return [fd]
+        if only is not None and spec.path not in only:
+            with lock:
+                if keep_open:
+                    report.handles[spec.path] = fd
+                else:
+                    os.close(fd)
+            return []
+        try:
+            per_file = _file_progress(progress, spec.path)
+            problem = _hash_and_compare(fd, spec, report, per_file, lock)
+        except BaseException:
+            os.close(fd)
+            raise
+        if problem or not keep_open:
+            os.close(fd)
+        else:
+            with lock:
+                report.handles[spec.path] = fd
+        if progress is not None and hasattr(progress, "file_done"):
+            progress.file_done(spec.path, spec.size)
+        return problem
+
+    workers = max(1, min(workers, len(opened)))
     try:
-        problem = _hash_and_compare(fd, spec, report, progress)
+        if workers == 1:
+            results = [one(item) for item in opened]
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="lifeboat-hash") as pool:
+                results = list(pool.map(one, opened))
     except BaseException:
-        os.close(fd)
+        report.close()
         raise
-    if problem or not keep_open:
-        os.close(fd)
-    else:
-        report.handles[spec.path] = fd
-    return problem
+    for found in results:
+        report.findings.extend(found)
 
 
-def _hash_and_compare(fd: int, spec: FileSpec, report: IntegrityReport, progress):
+def _file_progress(progress, path: str):
+    if progress is None or not hasattr(progress, "file_done"):
+        return progress
+    return lambda n: progress(n, file=path)
+
+
+def _hash_and_compare(fd: int, spec: FileSpec, report: IntegrityReport, progress, lock=None):
     size = os.fstat(fd).st_size
     if size != spec.size:
         what = "truncated" if size < spec.size else "larger than reported"
@@ -207,7 +257,8 @@ def _hash_and_compare(fd: int, spec: FileSpec, report: IntegrityReport, progress
         digest, n = hash_fd(fd, progress)
     except OSError as exc:
         return [Finding("corrupt", "unreadable", f"{spec.path} cannot be read: {exc}", spec.path)]
-    report.bytes_read += n
+    with lock or contextlib.nullcontext():
+        report.bytes_read += n
     if n != spec.size:
         return [
             Finding(
