@@ -281,11 +281,9 @@ def record(validation_id: int, fingerprint: str, result, content: dict, timings:
         # recorded in this transaction, sent after it commits.
         alerts.on_verdict(checkpoint, validation, previous_status)
         if previous_status != result.status:
-            Event.objects.create(
-                project_id=checkpoint.project_id,
-                run_id=checkpoint.run_id,
-                type=f"checkpoint.{result.status}",
-                step=checkpoint.step,
+            Event.record(
+                f"checkpoint.{result.status}",
+                checkpoint=checkpoint,
                 time=now,
                 actor="worker:validate",
                 message=result.message,
