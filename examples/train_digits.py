@@ -99,7 +99,7 @@ def evaluate(model, x, y) -> tuple[float, float]:
     return loss, accuracy
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", default=os.environ.get("LIFEBOAT_RUN", "digits"))
     parser.add_argument("--epochs", type=int, default=10)
@@ -118,10 +118,13 @@ def main(argv=None) -> int:
         default=os.environ.get("LIFEBOAT_CHECKPOINT"),
         help="start from this checkpoint file (a Lifeboat resume sets LIFEBOAT_CHECKPOINT)",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    (x_train, y_train), (x_val, y_val) = data(args.seed)
-    model, optimizer = build(args.seed)
+
+def resume(args, model, optimizer) -> tuple[int, int | None]:
+    """Load the model and optimizer state in place from the checkpoint asked for, if any.
+    Returns the epoch to start at and, for a resume from lifeboat.latest, the id of that
+    checkpoint (the new run records it as resumed_from)."""
     start_epoch, resumed_from = 0, None
     if args.resume_from:
         state = torch.load(args.resume_from, weights_only=True)
@@ -144,6 +147,14 @@ def main(argv=None) -> int:
             optimizer.load_state_dict(state["optimizer"])
             start_epoch, resumed_from = state["epoch"] + 1, info["id"]
             print(f"resumed from {path} (epoch {state['epoch']}, step {state['step']})", flush=True)
+    return start_epoch, resumed_from
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    (x_train, y_train), (x_val, y_val) = data(args.seed)
+    model, optimizer = build(args.seed)
+    start_epoch, resumed_from = resume(args, model, optimizer)
 
     steps_per_epoch = (len(x_train) + args.batch_size - 1) // args.batch_size
     directory = Path(args.checkpoint_dir) / args.run

@@ -370,14 +370,12 @@ def _compare_replay(result: dict, checkpoint, metric: str, rtol: float, MetricPo
 
 def run(validation_id: int) -> str:
     from webapp.domain.models.recovery import ReplicaStatus, ValidationStatus
-    from webapp.domain.replication.restore import RestoreError, restore_replica
 
     validation = claim(validation_id)
     if validation is None:
         return "not claimed"
-    checkpoint = validation.checkpoint
     replica = (
-        checkpoint.replicas.filter(status=ReplicaStatus.VERIFIED)
+        validation.checkpoint.replicas.filter(status=ReplicaStatus.VERIFIED)
         .select_related("target")
         .order_by("-verified_at")
         .first()
@@ -394,91 +392,107 @@ def run(validation_id: int) -> str:
     scratch = Path(settings.SCRATCH_DIR) / f"restore-{validation.pk}"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(mode=0o700, parents=True)
-    timings: dict = {}
-    total = checkpoint.total_size
-    validation.bytes_total = total
-    validation.save(update_fields=["bytes_total"])
+    try:
+        return _restore_and_load(validation, replica, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _progress_writer(validation, total: int):
+    """About once a second: the dashboard and the CLI read bytes, rate and ETA from it."""
     last_write = [0.0]
 
     def progress(done: int, _total: int) -> None:
-        # About once a second: the dashboard and the CLI read bytes, rate and ETA from it.
         now = time.monotonic()
         if now - last_write[0] >= 1 or done >= total:
             last_write[0] = now
             type(validation).objects.filter(pk=validation.pk).update(bytes_done=done)
 
+    return progress
+
+
+def _restore_and_load(validation, replica, scratch: Path) -> str:
+    """Download and verify into `scratch`, load, run the deeper levels; each phase
+    timed. Returns what _finish returns; the caller deletes `scratch`."""
+    from webapp.domain.models.recovery import ValidationStatus
+    from webapp.domain.replication.restore import RestoreError, restore_replica
+
+    checkpoint = validation.checkpoint
+    timings: dict = {}
+    total = checkpoint.total_size
+    validation.bytes_total = total
+    validation.save(update_fields=["bytes_total"])
     started = time.perf_counter()
     try:
-        try:
-            # Scratch space, deleted after the test: no fsync (durable=False).
-            restore_replica(replica, scratch, progress, durable=False)
-        except RestoreError as exc:
-            timings["download_s"] = time.perf_counter() - started
-            return _finish(
-                validation,
-                ValidationStatus.FAILED,
-                f"The replica on {replica.target.name} does not restore: {exc}",
-                timings,
-            )
-        # sha256 is checked in the same pass as the download: one read of the bytes.
-        timings["download_verify_s"] = time.perf_counter() - started
-        files = sorted(checkpoint.files.values_list("path", flat=True))
-        try:
-            loaded = _child_load(scratch, files)
-        except (OSError, RuntimeError, ValueError) as exc:
-            return _finish(
-                validation, ValidationStatus.FAILED,
-                f"Downloaded and verified, but loading failed: {exc}", timings,
-            )  # fmt: skip
-        timings["load_s"] = loaded["load_s"]
-        timings["to_device_s"] = loaded["to_device_s"]
-        timings["total_s"] = time.perf_counter() - started
-        timings["peak_host_bytes"] = loaded["peak_host_bytes"]
-        timings["peak_device_bytes"] = loaded["peak_device_bytes"]
-        type(validation).objects.filter(pk=validation.pk).update(bytes_done=total)
-        if loaded["error"]:
-            return _finish(
-                validation,
-                ValidationStatus.FAILED,
-                f"Downloaded and verified from {replica.target.name}, but it does not load: "
-                f"{loaded['error']}",
-                timings,
-                device=loaded["device"],
-            )
-        levels = deep_levels(validation, scratch, files, timings)
-        failed = [level for level in levels if not level["ok"]]
-        if failed:
-            return _finish(
-                validation,
-                ValidationStatus.FAILED,
-                "Downloaded, verified and loaded, but "
-                + "; ".join(f"the {lv['level']} check failed: {lv['message']}" for lv in failed),
-                timings,
-                findings=levels,
-                device=loaded["device"],
-            )
-        rate = total / timings["download_verify_s"] if timings["download_verify_s"] else 0
-        skipped = loaded["skipped"]
-        message = (
-            f"Restored from {replica.target.name} in {timings['total_s']:.1f} s: "
-            f"{human_size(total)} downloaded and verified at {human_size(rate)}/s, "
-            f"{loaded['tensors']:,} tensors ({human_size(loaded['bytes'])}) loaded in "
-            f"{timings['load_s']:.1f} s and moved to {loaded['device']} in "
-            f"{timings['to_device_s']:.2f} s; peak memory {human_size(loaded['peak_host_bytes'])}"
-        )
-        if loaded["peak_device_bytes"]:
-            message += f" on the host, {human_size(loaded['peak_device_bytes'])} on the GPU"
-        if skipped:
-            message += f". Not loadable as tensors (checked by sha256 only): {', '.join(skipped)}"
-        for level in levels:
-            message += f". {level['level'].capitalize()}: {level['message']}"
+        # Scratch space, deleted after the test: no fsync (durable=False).
+        restore_replica(replica, scratch, _progress_writer(validation, total), durable=False)
+    except RestoreError as exc:
+        timings["download_s"] = time.perf_counter() - started
         return _finish(
             validation,
-            ValidationStatus.PASSED,
-            message + ".",
+            ValidationStatus.FAILED,
+            f"The replica on {replica.target.name} does not restore: {exc}",
+            timings,
+        )
+    # sha256 is checked in the same pass as the download: one read of the bytes.
+    timings["download_verify_s"] = time.perf_counter() - started
+    files = sorted(checkpoint.files.values_list("path", flat=True))
+    try:
+        loaded = _child_load(scratch, files)
+    except (OSError, RuntimeError, ValueError) as exc:
+        return _finish(
+            validation, ValidationStatus.FAILED,
+            f"Downloaded and verified, but loading failed: {exc}", timings,
+        )  # fmt: skip
+    timings["load_s"] = loaded["load_s"]
+    timings["to_device_s"] = loaded["to_device_s"]
+    timings["total_s"] = time.perf_counter() - started
+    timings["peak_host_bytes"] = loaded["peak_host_bytes"]
+    timings["peak_device_bytes"] = loaded["peak_device_bytes"]
+    type(validation).objects.filter(pk=validation.pk).update(bytes_done=total)
+    if loaded["error"]:
+        return _finish(
+            validation,
+            ValidationStatus.FAILED,
+            f"Downloaded and verified from {replica.target.name}, but it does not load: "
+            f"{loaded['error']}",
+            timings,
+            device=loaded["device"],
+        )
+    levels = deep_levels(validation, scratch, files, timings)
+    failed = [level for level in levels if not level["ok"]]
+    if failed:
+        return _finish(
+            validation,
+            ValidationStatus.FAILED,
+            "Downloaded, verified and loaded, but "
+            + "; ".join(f"the {lv['level']} check failed: {lv['message']}" for lv in failed),
             timings,
             findings=levels,
             device=loaded["device"],
         )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    message = _passed_message(replica, total, timings, loaded, levels)
+    return _finish(
+        validation, ValidationStatus.PASSED, message, timings, findings=levels,
+        device=loaded["device"],
+    )  # fmt: skip
+
+
+def _passed_message(replica, total: int, timings: dict, loaded: dict, levels: list) -> str:
+    rate = total / timings["download_verify_s"] if timings["download_verify_s"] else 0
+    message = (
+        f"Restored from {replica.target.name} in {timings['total_s']:.1f} s: "
+        f"{human_size(total)} downloaded and verified at {human_size(rate)}/s, "
+        f"{loaded['tensors']:,} tensors ({human_size(loaded['bytes'])}) loaded in "
+        f"{timings['load_s']:.1f} s and moved to {loaded['device']} in "
+        f"{timings['to_device_s']:.2f} s; peak memory {human_size(loaded['peak_host_bytes'])}"
+    )
+    if loaded["peak_device_bytes"]:
+        message += f" on the host, {human_size(loaded['peak_device_bytes'])} on the GPU"
+    if loaded["skipped"]:
+        message += (
+            f". Not loadable as tensors (checked by sha256 only): {', '.join(loaded['skipped'])}"
+        )
+    for level in levels:
+        message += f". {level['level'].capitalize()}: {level['message']}"
+    return message + "."

@@ -45,15 +45,29 @@ class Exposition:
 
 
 def collect() -> str:
-    from webapp.domain.models import Checkpoint, Replica, Run, Validation
-
+    # One `now` for every age in a scrape, so the ages agree with each other.
     now = timezone.now()
     out = Exposition()
+    _checkpoints(out)
+    _queues(out)
+    _lags(out, now)
+    _run_ages(out, now)
+    _restores(out)
+    _latency(out)
+    return out.text()
+
+
+def _checkpoints(out: Exposition) -> None:
+    from webapp.domain.models import Checkpoint
 
     out.family("lifeboat_checkpoints", "gauge", "Checkpoints by status.")
     for row in Checkpoint.objects.values("status").annotate(n=Count("pk")).order_by("status"):
         out.sample("lifeboat_checkpoints", row["n"], status=row["status"])
 
+
+def _queues(out: Exposition) -> None:
+    """Queue depths, and whether the broker answered at all: a broker that is down
+    shows as broker_up 0 rather than failing the whole scrape."""
     out.family("lifeboat_queue_depth", "gauge", "Tasks waiting in each Celery queue.")
     try:
         broker = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=1)
@@ -64,6 +78,10 @@ def collect() -> str:
         broker_up = 0
     out.family("lifeboat_broker_up", "gauge", "1 if the Celery broker answered.")
     out.sample("lifeboat_broker_up", broker_up)
+
+
+def _lags(out: Exposition, now) -> None:
+    from webapp.domain.models import Checkpoint, Replica
 
     lags = (
         (
@@ -80,6 +98,10 @@ def collect() -> str:
         # Both filters match a partial index on the unsettled rows (see the models).
         oldest = model.objects.filter(status__in=statuses).aggregate(t=Min("created_at"))["t"]
         out.sample(metric, (now - oldest).total_seconds() if oldest else 0)
+
+
+def _run_ages(out: Exposition, now) -> None:
+    from webapp.domain.models import Run
 
     out.family(
         "lifeboat_run_last_checkpoint_age_seconds",
@@ -100,11 +122,16 @@ def collect() -> str:
             run=key,
         )
 
+
+def _restores(out: Exposition) -> None:
+    from webapp.domain.models import Validation
+
     out.family(
         "lifeboat_restore_seconds",
         "gauge",
         "Measured time to recover: the latest passed restore test of each run.",
     )
+    # Newest first: the first row seen for a run is its latest passed restore test.
     seen = set()
     restores = (
         Validation.objects.filter(kind="restore", status="passed")
@@ -119,6 +146,10 @@ def collect() -> str:
         if isinstance(total, int | float):
             out.sample("lifeboat_restore_seconds", total, project=slug, run=key)
 
+
+def _latency(out: Exposition) -> None:
+    """Prometheus histograms are cumulative: each bucket counts every request at or
+    under its bound, so the stored per-bucket counts are summed as they are written."""
     out.family(
         "lifeboat_http_request_duration_seconds",
         "histogram",
@@ -153,7 +184,6 @@ def collect() -> str:
             method=method,
             route=route,
         )
-    return out.text()
 
 
 def metrics_view(request):

@@ -212,6 +212,54 @@ def _worth_a_look(replica, claimed: Claim):
     return lambda entry: entry["size"] > part or entry["key"] in known
 
 
+def _abort_stale_uploads(client, bucket: str, replica, claimed: Claim) -> None:
+    """Parts left by a crashed attempt would be kept (and billed) forever otherwise.
+    The uploads that could not be aborted stay on the replica, so the next try
+    aborts them again; the first failure is raised (retried)."""
+    from webapp.domain.models import Replica
+
+    still_open, error = {}, None
+    for key, upload_id in claimed.stale_uploads.items():
+        if failed := abort_quietly(client, bucket, key, upload_id):
+            still_open[key], error = upload_id, failed
+    Replica.objects.filter(pk=replica.pk).update(uploads=still_open)
+    if error is not None:
+        raise error
+
+
+def _write_manifest(client, target, checkpoint, replica) -> str:
+    """Written last, once every file is confirmed: a manifest on the target means a
+    complete copy. Returns its key."""
+    bucket = target.bucket
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "project": checkpoint.project.slug,
+        "run": checkpoint.run.key,
+        "step": checkpoint.step,
+        "checkpoint": checkpoint.pk,
+        "location": checkpoint.location,
+        "total_size": replica.bytes_total,
+        "files": [
+            {k: entry[k] for k in ("path", "size", "sha256", "key")} for entry in replica.files
+        ],
+        "written_at": timezone.now().isoformat(),
+    }
+    body = json.dumps(manifest, indent=1).encode()
+    digest = hashlib.sha256(body)
+    mkey = targets.manifest_key(target, checkpoint)
+    extra = {"StorageClass": target.storage_class} if target.storage_class else {}
+    client.put_object(
+        Bucket=bucket,
+        Key=mkey,
+        Body=body,
+        ContentType="application/json",
+        ChecksumSHA256=base64.b64encode(digest.digest()).decode(),
+        Metadata={"sha256": digest.hexdigest()},
+        **extra,
+    )
+    return mkey
+
+
 def send(claimed: Claim) -> dict:
     """Everything that touches S3 and the source files. Returns what record_verified
     needs; raises SourceChanged / SourceUnavailable (permanent) or anything else
@@ -228,15 +276,7 @@ def send(claimed: Claim) -> dict:
         raise SourceUnavailable(str(exc)) from None  # the same answer on every try
     bucket = target.bucket
 
-    # Parts left by a crashed attempt would be kept (and billed) forever otherwise.
-    still_open, error = {}, None
-    for key, upload_id in claimed.stale_uploads.items():
-        if failed := abort_quietly(client, bucket, key, upload_id):
-            still_open[key], error = upload_id, failed
-    Replica.objects.filter(pk=replica.pk).update(uploads=still_open)
-    if error is not None:
-        raise error
-
+    _abort_stale_uploads(client, bucket, replica, claimed)
     worth_a_look = _worth_a_look(replica, claimed)
     progress = _Progress(replica.pk)
     try:
@@ -270,32 +310,7 @@ def send(claimed: Claim) -> dict:
         if not _present(client, bucket, entry["key"], entry["sha256"], entry["size"]):
             raise ConnectionError(f"{entry['path']} is not on the target after its upload")
 
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "project": checkpoint.project.slug,
-        "run": checkpoint.run.key,
-        "step": checkpoint.step,
-        "checkpoint": checkpoint.pk,
-        "location": checkpoint.location,
-        "total_size": replica.bytes_total,
-        "files": [
-            {k: entry[k] for k in ("path", "size", "sha256", "key")} for entry in replica.files
-        ],
-        "written_at": timezone.now().isoformat(),
-    }
-    body = json.dumps(manifest, indent=1).encode()
-    digest = hashlib.sha256(body)
-    mkey = targets.manifest_key(target, checkpoint)
-    extra = {"StorageClass": target.storage_class} if target.storage_class else {}
-    client.put_object(
-        Bucket=bucket,
-        Key=mkey,
-        Body=body,
-        ContentType="application/json",
-        ChecksumSHA256=base64.b64encode(digest.digest()).decode(),
-        Metadata={"sha256": digest.hexdigest()},
-        **extra,
-    )
+    mkey = _write_manifest(client, target, checkpoint, replica)
     progress.flush()
     return {
         "manifest_key": mkey,

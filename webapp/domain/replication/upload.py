@@ -178,8 +178,8 @@ def _multipart(
     client, bucket, key, source, *, name, size, sha256, part_size, concurrency, extra,
     progress, on_started, throttle, part_checksum, budget,
 ) -> Sent:  # fmt: skip
+    # Looked up before the upload is created: an unknown algorithm leaves nothing behind.
     checksum_of = PART_CHECKSUMS[part_checksum]
-    field = f"Checksum{part_checksum}"
     upload_id = client.create_multipart_upload(
         Bucket=bucket, Key=key, ChecksumAlgorithm=part_checksum, **extra
     )["UploadId"]
@@ -187,66 +187,11 @@ def _multipart(
         on_started(upload_id)
     completed = False
     try:
-        whole = hashlib.sha256()
-        total = 0
-        parts: list[dict] = []
-        pending: deque = deque()
-
-        def send(number: int, data: bytes, held: int) -> dict:
-            # hashlib and zlib release the GIL on large buffers: parts hash in parallel.
-            try:
-                checksum = checksum_of(data)
-                answer = client.upload_part(
-                    Bucket=bucket,
-                    Key=key,
-                    UploadId=upload_id,
-                    PartNumber=number,
-                    Body=data,
-                    **{field: checksum},
-                )
-            finally:
-                budget.give(held)
-            return {"PartNumber": number, "ETag": answer["ETag"], field: checksum}
-
-        def collect_oldest() -> None:
-            future, n = pending.popleft()
-            parts.append(future.result())
-            if progress:
-                progress(n)
-
-        with ThreadPoolExecutor(max_workers=concurrency) as pool:
-            try:
-                number = 0
-                while True:
-                    # At most `concurrency` parts of this file on the wire, and no more
-                    # bytes in memory than the budget shared with the other files.
-                    while len(pending) >= concurrency:
-                        collect_oldest()
-                    held = budget.take(part_size)
-                    data = _read_exactly(source, part_size)
-                    if not data:
-                        budget.give(held)
-                        break
-                    number += 1
-                    whole.update(data)
-                    total += len(data)
-                    if total > size:
-                        budget.give(held)
-                        break  # grown: no need to read (or send) the rest
-                    if throttle:
-                        throttle(len(data))
-                    try:
-                        future = pool.submit(send, number, data, held)
-                    except BaseException:
-                        budget.give(held)
-                        raise
-                    pending.append((future, len(data)))
-                while pending:
-                    collect_oldest()
-            finally:
-                for future, _ in pending:
-                    future.cancel()
-        sha = whole.hexdigest()
+        upload = _Upload(client, bucket, key, upload_id, part_checksum, checksum_of, budget)
+        parts, sha, total = _send_parts(
+            upload, source, size=size, part_size=part_size, concurrency=concurrency,
+            progress=progress, throttle=throttle,
+        )  # fmt: skip
         if total != size or sha != sha256:
             raise SourceChanged(_mismatch(name, sha256, size, sha, total))
         client.complete_multipart_upload(
@@ -260,6 +205,89 @@ def _multipart(
     finally:
         if not completed:
             abort_quietly(client, bucket, key, upload_id)
+
+
+@dataclass
+class _Upload:
+    """One open multipart upload, and the budget its parts' bytes are held against."""
+
+    client: object
+    bucket: str
+    key: str
+    upload_id: str
+    part_checksum: str
+    checksum_of: Callable[[bytes], str]
+    budget: Budget
+
+    def send(self, number: int, data: bytes, held: int) -> dict:
+        # hashlib and zlib release the GIL on large buffers: parts hash in parallel.
+        field = f"Checksum{self.part_checksum}"
+        try:
+            checksum = self.checksum_of(data)
+            answer = self.client.upload_part(
+                Bucket=self.bucket,
+                Key=self.key,
+                UploadId=self.upload_id,
+                PartNumber=number,
+                Body=data,
+                **{field: checksum},
+            )
+        finally:
+            self.budget.give(held)
+        return {"PartNumber": number, "ETag": answer["ETag"], field: checksum}
+
+
+def _send_parts(
+    upload: _Upload, source, *, size, part_size, concurrency, progress, throttle
+) -> tuple[list[dict], str, int]:
+    """Read `source` part by part and send the parts in parallel; returns the parts
+    (for completing the upload), the sha256 of all bytes read and their count. Stops
+    reading as soon as more than `size` bytes came: the caller refuses a grown file."""
+    budget = upload.budget
+    whole = hashlib.sha256()
+    total = 0
+    parts: list[dict] = []
+    pending: deque = deque()
+
+    def collect_oldest() -> None:
+        future, n = pending.popleft()
+        parts.append(future.result())
+        if progress:
+            progress(n)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        try:
+            number = 0
+            while True:
+                # At most `concurrency` parts of this file on the wire, and no more
+                # bytes in memory than the budget shared with the other files.
+                while len(pending) >= concurrency:
+                    collect_oldest()
+                held = budget.take(part_size)
+                data = _read_exactly(source, part_size)
+                if not data:
+                    budget.give(held)
+                    break
+                number += 1
+                whole.update(data)
+                total += len(data)
+                if total > size:
+                    budget.give(held)
+                    break  # grown: no need to read (or send) the rest
+                if throttle:
+                    throttle(len(data))
+                try:
+                    future = pool.submit(upload.send, number, data, held)
+                except BaseException:
+                    budget.give(held)
+                    raise
+                pending.append((future, len(data)))
+            while pending:
+                collect_oldest()
+        finally:
+            for future, _ in pending:
+                future.cancel()
+    return parts, whole.hexdigest(), total
 
 
 def abort_quietly(client, bucket: str, key: str, upload_id: str) -> Exception | None:
