@@ -81,8 +81,15 @@ def test_a_checkpoint_from_another_run_fails_the_replay(
     # The other run's step-23 file, reported as this run's step 23 (a wrong path, a
     # mixed-up directory): it loads, it is finite, but training does not follow this run.
     Checkpoint.objects.filter(pk=digits.pk).delete()
+    # A copy of its row and files under this run (a checkpoint never moves between runs:
+    # the run totals' trigger refuses it).
     stranger = Checkpoint.objects.get(run__key="other", step=23)
-    Checkpoint.objects.filter(pk=stranger.pk).update(run=Run.objects.get(key="digits"))
+    files = list(stranger.files.all())
+    stranger.pk, stranger.run = None, Run.objects.get(key="digits")
+    stranger.save(force_insert=True)
+    for file in files:
+        file.pk, file.checkpoint = None, stranger
+        file.save(force_insert=True)
     stranger = verified_with_replica(Checkpoint.objects.get(pk=stranger.pk), project, s3)
     outcome, validation = restore(stranger)
     assert outcome == "failed"

@@ -332,12 +332,9 @@ def _finish(replica, status: str, message: str, now) -> None:
 def _event(replica, type_: str, message: str, now, **data) -> None:
     from webapp.domain.models import Event
 
-    checkpoint = replica.checkpoint
-    Event.objects.create(
-        project_id=checkpoint.project_id,
-        run_id=checkpoint.run_id,
-        type=type_,
-        step=checkpoint.step,
+    Event.record(
+        type_,
+        checkpoint=replica.checkpoint,
         time=now,
         actor="worker:replicate",
         message=message,
