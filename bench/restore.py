@@ -10,7 +10,7 @@ by round:
 
   boto3      client.download_file(bucket, key, path) of the replica's object, then
              torch.load(path, weights_only=True): no checksum, nothing else
-  lifeboat   a restore test as the restore worker runs it (webapp/domain/restore_test.py):
+  lifeboat   a restore test as the restore worker runs it (webapp/domain/recovery/restore_test.py):
              the manifest read, every file downloaded and its sha256 checked in the same
              pass, the load in a child process (weights_only), every tensor moved to the
              device (the GPU when there is one), timings written to the database
@@ -57,7 +57,7 @@ def main() -> int:
     os.environ.setdefault("S3_SECRET_ACCESS_KEY", "bench-secret")
     os.environ["S3_ENDPOINT_URL"] = args.endpoint
     # The targets made below name this endpoint; the outbound policy refuses loopback and
-    # private endpoints unless the deployment allows them (webapp/domain/outbound.py).
+    # private endpoints unless the deployment allows them (webapp/domain/health/outbound.py).
     os.environ.setdefault("LIFEBOAT_OUTBOUND_ALLOW", urlsplit(args.endpoint).netloc)
     os.environ["LIFEBOAT_SCRATCH_DIR"] = str(work / "scratch")
     from bench.replicate import setup_django
@@ -67,7 +67,6 @@ def main() -> int:
     import torch
 
     from lifeboat.download import sha256_of
-    from webapp.domain import restore_test
     from webapp.domain.models import (
         Checkpoint,
         CheckpointFile,
@@ -77,6 +76,7 @@ def main() -> int:
         StorageTarget,
         Validation,
     )
+    from webapp.domain.recovery import restore_test
     from webapp.domain.validation.inspector import warm_helper
     from workers.replicate import replicate
 

@@ -11,7 +11,7 @@ a time, one step, run.log; it prints the time of that report). Database: a scrat
 SQLite. No Lifeboat server runs: the job's events wait in its spool, which does not
 delay it. Alternated round by round, the local folder deleted before each:
 
-  lifeboat   the click (webapp.domain.resume.request, what the API and the Resume button
+  lifeboat   the click (webapp.domain.recovery.resume.request, what the API and the Resume button
              call) then what the launch worker does with the message
              (workers.launch.launch_resume: check the local copy, restore every shard
              from the replica in parallel, verified, start the job); timed to the
@@ -107,7 +107,6 @@ def main() -> int:
     from boto3.s3.transfer import TransferConfig
     from s3transfer.manager import TransferManager
 
-    from webapp.domain import resume as resumes
     from webapp.domain.models import (
         Checkpoint,
         CheckpointFile,
@@ -118,6 +117,7 @@ def main() -> int:
         Run,
         StorageTarget,
     )
+    from webapp.domain.recovery import resume as resumes
     from workers.launch import launch_resume
     from workers.replicate import replicate
 

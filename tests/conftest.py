@@ -428,7 +428,7 @@ def gunicorn_control_socket_off() -> list[str]:
 
 class WebServer:
     """Lifeboat served by gunicorn in its own process, as in production: uvicorn workers
-    serving webapp.asgi (single events share transactions: webapp/domain/group_commit.py)."""
+    serving webapp.asgi (single events share transactions: webapp/domain/ingest/group_commit.py)."""
 
     def __init__(self, env: dict, port: int | None = None, **overrides: str):
         # A given port lets a test stop the server and start it again at the same address.

@@ -14,7 +14,7 @@ from django.core import mail
 from django.utils import timezone
 
 from tests.conftest import event, saved
-from webapp.domain import alerts
+from webapp.domain.health import alerts
 from webapp.domain.models import Checkpoint, Run
 from webapp.domain.models.alerts import AlertChannel, Flip, Notification
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def local_receivers_allowed(settings):
     """The receivers here listen on 127.0.0.1, which webhooks may reach only when the
-    deployment allows it (webapp/domain/outbound.py)."""
+    deployment allows it (webapp/domain/health/outbound.py)."""
     settings.OUTBOUND_ALLOW = ["127.0.0.1"]
 
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from tests.conftest import T0, saved
-from webapp.domain import analytics
+from webapp.domain.health import analytics
 
 
 def test_daly_s_own_example_five_minute_dumps_and_a_day_between_failures():

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from tests.test_dashboard import as_user, member
-from webapp.domain import analytics
+from webapp.domain.health import analytics
 
 pytestmark = pytest.mark.django_db
 

@@ -150,7 +150,7 @@ def test_the_document_declares_every_status_with_the_error_schema(client):
 
 
 def test_analytics_with_failures_far_more_frequent_than_checkpoints_is_not_a_500():
-    from webapp.domain.analytics import expected_wall_time, waste_fraction
+    from webapp.domain.health.analytics import expected_wall_time, waste_fraction
 
     # Every 3 hours a checkpoint, a failure every 3.6 s: the job never finishes.
     assert waste_fraction(10_800, 1.5, 3.6) == 1.0

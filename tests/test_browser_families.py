@@ -247,7 +247,7 @@ def test_the_confirmation_shows_the_whole_command_with_a_copy_button(
 ):
     from playwright.sync_api import expect
 
-    from webapp.domain import resume as resumes
+    from webapp.domain.recovery import resume as resumes
 
     run = make_run(project, "digits", name="digits CNN", status="failed")
     checkpoint = make_checkpoint(run, 92)

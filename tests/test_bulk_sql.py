@@ -1,4 +1,4 @@
-"""webapp/domain/bulk_sql.py: the ingest path's statements store exactly what the ORM
+"""webapp/domain/ingest/bulk_sql.py: the ingest path's statements store exactly what the ORM
 would, whichever shape the rows travel in (one JSON document for a few rows, binary
 arrays for many), and refuse what the columns refuse."""
 
@@ -10,8 +10,8 @@ from operator import attrgetter
 import pytest
 from django.db import DataError, IntegrityError, connection, transaction
 
-from webapp.domain import bulk_sql, sql_pipeline
-from webapp.domain.ingest_rules import new_checkpoint as _new_checkpoint
+from webapp.domain.ingest import bulk_sql, sql_pipeline
+from webapp.domain.ingest.rules import new_checkpoint as _new_checkpoint
 from webapp.domain.models import Checkpoint, CheckpointFile, Run
 
 pytestmark = pytest.mark.django_db

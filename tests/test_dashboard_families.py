@@ -177,7 +177,7 @@ def test_the_runs_list_refreshes_itself_only_while_visible(
 def test_one_rule_for_resume_request_and_the_pages(
     project, operator, status, replica_status, resumable
 ):
-    from webapp.domain import resume as resumes
+    from webapp.domain.recovery import resume as resumes
 
     run = make_run(project, "r", status="failed")
     checkpoint = make_checkpoint(run, 10, status=status)

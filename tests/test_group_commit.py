@@ -1,4 +1,4 @@
-"""Group commit (webapp/domain/group_commit.py): concurrent requests of one web process
+"""Group commit (webapp/domain/ingest/group_commit.py): concurrent requests of one web process
 share a transaction, and each still gets exactly its own answer. (Every in-process test
 that posts events goes through it too: tests/conftest.py's `api` fixture.)"""
 
@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 
 from tests.conftest import WebServer, queued_tasks, run_together, saved, wait_for
-from webapp.domain.group_commit import GroupCommitter, _Request, apply_group
+from webapp.domain.ingest.group_commit import GroupCommitter, _Request, apply_group
 from webapp.domain.models import Checkpoint, CheckpointFile, Event, Project
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,7 +59,7 @@ def test_concurrent_requests_share_transactions_and_each_gets_its_own_statuses(p
 
 
 def _request(project, actor, body):
-    from webapp.domain.event_schema import parse_event
+    from webapp.domain.ingest.event_schema import parse_event
 
     return _Request(project, actor, [parse_event(0, body)], [body], False, None)
 
@@ -139,7 +139,7 @@ def test_batches_are_applied_by_their_own_thread_small_requests_by_the_committer
 ):
     """A batch shares its transaction among its events already: through the committer,
     the batches of a process would wait for each other."""
-    from webapp.domain import group_commit
+    from webapp.domain.ingest import group_commit
 
     grouped = []
 
@@ -166,7 +166,7 @@ def test_a_second_group_is_applied_while_the_first_waits_for_the_database(projec
     are applied by another."""
     from django.db import transaction
 
-    from webapp.domain.event_schema import parse_event
+    from webapp.domain.ingest.event_schema import parse_event
     from webapp.domain.models import Run
 
     apply_group([_request(project, "token:a", saved(run="held", step=1))])

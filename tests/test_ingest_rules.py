@@ -1,4 +1,4 @@
-"""One text of the ingest rules (webapp/domain/ingest_rules.py): the PL/pgSQL function
+"""One text of the ingest rules (webapp/domain/ingest/rules.py): the PL/pgSQL function
 that once applied some events on PostgreSQL is dropped by migration 0015, and the
 in-process tests post events the way production applies them (group commit)."""
 
@@ -21,7 +21,7 @@ def test_no_ingest_function_is_left_in_the_database():
 
 
 def test_a_single_event_posted_in_a_test_goes_through_the_group_committer(api, token, monkeypatch):
-    from webapp.domain import group_commit
+    from webapp.domain.ingest import group_commit
 
     applied = []
     apply_group = group_commit.apply_group

@@ -17,8 +17,7 @@ import pytest
 from tests.conftest import event, saved
 from tests.test_dashboard import as_user, make_checkpoint, make_run, member
 from tests.test_slurm import slurm_cluster  # noqa: F401 (a fixture, asked for by name)
-from webapp.domain import alerts
-from webapp.domain import resume as resumes
+from webapp.domain.health import alerts
 from webapp.domain.models import (
     ApiToken,
     Checkpoint,
@@ -29,6 +28,7 @@ from webapp.domain.models import (
     Resume,
     Run,
 )
+from webapp.domain.recovery import resume as resumes
 from workers.launch import launch_resume
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""Outbound requests are the deployment's choice (webapp/domain/outbound.py): webhooks and
+"""Outbound requests are the deployment's choice (webapp/domain/health/outbound.py): webhooks and
 S3 endpoints that a project admin types may not reach loopback, link-local or private
 addresses unless LIFEBOAT_OUTBOUND_ALLOW names them; webhook deliveries are signed, go
 to the checked address, follow no redirect, and keep only the status line; webhook URLs
@@ -17,10 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.test_dashboard import as_user, member
-from webapp.domain import alerts, storage, storage_access
+from webapp.domain.health import alerts
 from webapp.domain.models import Event, StorageTarget
 from webapp.domain.models.alerts import AlertChannel, Flip, Notification
-from webapp.domain.replication import targets
+from webapp.domain.replication import storage, storage_access, targets
 
 pytestmark = pytest.mark.django_db
 
@@ -312,7 +312,7 @@ def test_the_connection_goes_to_the_checked_address_with_the_host_name_kept(rece
     """No second DNS lookup after the check: the connection is made to the address the
     check returned, whatever the name would resolve to now (here: nothing at all, .invalid
     never resolves), and the name still goes in the Host header."""
-    from webapp.domain import outbound, webhook_delivery
+    from webapp.domain.health import outbound, webhook_delivery
 
     receiver = receivers()
     checked = outbound.Destination(

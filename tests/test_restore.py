@@ -16,8 +16,8 @@ import torch
 
 from lifeboat.download import CHUNK
 from tests.conftest import queued_tasks, saved, start_worker, stop_worker, wait_for
-from webapp.domain import restore_test as rt
 from webapp.domain.models import Checkpoint, Replica, StorageTarget, Validation
+from webapp.domain.recovery import restore_test as rt
 from webapp.domain.replication import policy
 from webapp.domain.validation import inspector, sandbox
 from workers.replicate import replicate
@@ -245,6 +245,10 @@ def loaders_of(pid: int) -> list[int]:
         except (OSError, ValueError):
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == pid and b"webapp.domain.restore_load" in command and b"--serve" in command:
+        if (
+            parent == pid
+            and b"webapp.domain.recovery.restore_load" in command
+            and b"--serve" in command
+        ):
             found.append(int(entry.name))
     return found

@@ -11,9 +11,9 @@ import torch
 
 from tests.client_support import train_digits
 from tests.conftest import event, queued_tasks
-from webapp.domain import alerts
-from webapp.domain import restore_test as rt
+from webapp.domain.health import alerts
 from webapp.domain.models import Checkpoint, Event, LaunchProfile, Resume, Run, StorageTarget
+from webapp.domain.recovery import restore_test as rt
 from webapp.domain.replication import policy
 from workers.replicate import replicate
 from workers.validate import validate_checkpoint

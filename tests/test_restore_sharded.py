@@ -1,4 +1,4 @@
-"""Restoring a sharded checkpoint (lifeboat/download.py, webapp/domain/restore_load.py):
+"""Restoring a sharded checkpoint (lifeboat/download.py, webapp/domain/recovery/restore_load.py):
 every shard is fetched at once and verified byte for byte, a corrupt shard fails the
 restore naming it, and the load goes shard by shard."""
 

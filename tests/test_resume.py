@@ -16,8 +16,8 @@ import pytest
 from tests.client_support import train_digits
 from tests.conftest import ROOT, queued_tasks, saved
 from tests.test_slurm import slurm_cluster  # noqa: F401 (a fixture, asked for by name)
-from webapp.domain import resume as resumes
 from webapp.domain.models import Checkpoint, LaunchProfile, Replica, Resume, Run, StorageTarget
+from webapp.domain.recovery import resume as resumes
 from webapp.domain.replication import policy
 from workers.launch import follow_resume, launch_resume
 from workers.replicate import replicate

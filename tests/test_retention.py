@@ -13,7 +13,6 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from tests.test_replication import MiB, make_checkpoint, make_target, replicate_now
-from webapp.domain import retention
 from webapp.domain.models import (
     Checkpoint,
     Event,
@@ -23,6 +22,7 @@ from webapp.domain.models import (
     StorageTarget,
 )
 from webapp.domain.replication.restore import restore_replica
+from webapp.domain.retention import policy as retention
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

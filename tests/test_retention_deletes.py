@@ -20,7 +20,6 @@ from django.utils import timezone
 
 from tests.conftest import ROOT
 from tests.test_replication import make_checkpoint
-from webapp.domain import retention
 from webapp.domain.models import (
     Checkpoint,
     CheckpointFile,
@@ -30,6 +29,7 @@ from webapp.domain.models import (
     Run,
     StorageTarget,
 )
+from webapp.domain.retention import policy as retention
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,4 +1,4 @@
-"""Is this a torch file (webapp/domain/torch_files.py): the bytes decide, the name only
+"""Is this a torch file (webapp/domain/validation/torch_files.py): the bytes decide, the name only
 promises; a `.bin` is torch when torch.save wrote it, whatever it is called. The
 validation's inspector and the restore test's loader answer alike, on real files."""
 
@@ -9,8 +9,8 @@ import zipfile
 import pytest
 import torch
 
-from webapp.domain import restore_load, torch_files
-from webapp.domain.validation import inspect_child
+from webapp.domain.recovery import restore_load
+from webapp.domain.validation import inspect_child, torch_files
 
 
 def _state():

@@ -1,4 +1,4 @@
-"""The validation outbox (webapp/domain/validation_outbox.py): the checkpoints that many
+"""The validation outbox (webapp/domain/validation/outbox.py): the checkpoints that many
 requests commit go onto the queue in a few messages, and none is left out."""
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ def test_a_worker_fans_a_batch_out_and_checks_every_checkpoint(api, token, queue
 
 @pytest.mark.django_db(transaction=True)
 def test_nothing_is_queued_when_the_transaction_rolls_back(project, queues):
-    from webapp.domain.event_schema import parse_event
-    from webapp.domain.ingest import ingest
+    from webapp.domain.ingest.apply import ingest
+    from webapp.domain.ingest.event_schema import parse_event
 
     raw = [saved(step=1)]
     with pytest.raises(RuntimeError), transaction.atomic():

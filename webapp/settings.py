@@ -122,7 +122,7 @@ if _database_url:
             **DATABASES["default"].get("OPTIONS", {}),
         }
     elif env_bool("DB_PREPARED_STATEMENTS", True):
-        # The ingest path's statements (webapp/domain/sql_pipeline.py) are prepared once per
+        # The ingest path's statements (webapp/domain/ingest/sql_pipeline.py) are prepared once per
         # connection; Django's own queries bind on the client and are never prepared.
         # Off for a PgBouncer in transaction mode older than 1.21.
         DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
@@ -245,19 +245,19 @@ EVENTS_MAX_BATCH = env_int("EVENTS_MAX_BATCH", 1000, minimum=1)
 # this many seconds by the others; it saves a query (about 0.9 ms of CPU) per request.
 API_TOKEN_CACHE_SECONDS = env_int("API_TOKEN_CACHE_SECONDS", 5, minimum=0)
 # Groups of small event requests of one web process that may be in their transactions at
-# once (webapp/domain/group_commit.py): while one waits for PostgreSQL, the next is
+# once (webapp/domain/ingest/group_commit.py): while one waits for PostgreSQL, the next is
 # applied by another thread of the pool.
 INGEST_COMMITTERS = env_int("INGEST_COMMITTERS", 2, minimum=1)
 # Validation messages of a web process go out together, at most one per this many ms
-# under load and at once when idle (webapp/domain/validation_outbox.py); 0: one message
+# under load and at once when idle (webapp/domain/validation/outbox.py); 0: one message
 # per transaction, published by the request itself.
 VALIDATION_PUBLISH_MS = env_int("VALIDATION_PUBLISH_MS", 50, minimum=0)
 
-# --- Restore tests (webapp/domain/restore_test.py) ---------------------------------------
+# --- Restore tests (webapp/domain/recovery/restore_test.py) ---------------------------------------
 # The latest verified checkpoint of each active run is restore-tested this often.
 RESTORE_TEST_EVERY_S = env_int("RESTORE_TEST_EVERY_S", 6 * 3600, minimum=60)
 
-# --- Resume (webapp/domain/resume.py) ---------------------------------------------------
+# --- Resume (webapp/domain/recovery/resume.py) ---------------------------------------------------
 # How often a launch worker looks at a resumed job (process or Slurm job) until it ends;
 # the run page's resume row shows a change this long after it happens, at most (one
 # `kill -0`, or one squeue/sacct call, per resume in flight).
@@ -275,7 +275,7 @@ LAUNCH_LIFEBOAT_URL = env_str("LAUNCH_LIFEBOAT_URL", SITE_URL)
 AUTO_RESUME_MAX_ACTIVE = env_int("AUTO_RESUME_MAX_ACTIVE", 3, minimum=0)
 AUTO_RESUME_MAX_PER_HOUR = env_int("AUTO_RESUME_MAX_PER_HOUR", 10, minimum=0)
 
-# --- Alerts (webapp/domain/alerts.py) ---------------------------------------------------
+# --- Alerts (webapp/domain/health/alerts.py) ---------------------------------------------------
 # Links in alerts point here.
 SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
 # A running run that sent heartbeats and then none for this long is overdue.
@@ -287,7 +287,7 @@ ALERT_MAX_ATTEMPTS = env_int("ALERT_MAX_ATTEMPTS", 5, minimum=1)
 ALERT_RETRY_BASE_S = env_int("ALERT_RETRY_BASE_S", 30, minimum=1)
 # Hosts and networks that URLs set by project admins (webhooks, S3 endpoints) may reach
 # although they are loopback, link-local or private: host names, host:port, IPs and
-# networks, e.g. "minio.internal,10.0.0.0/8,127.0.0.1:8333" (webapp/domain/outbound.py).
+# networks, e.g. "minio.internal,10.0.0.0/8,127.0.0.1:8333" (webapp/domain/health/outbound.py).
 # Empty: only public addresses.
 OUTBOUND_ALLOW = env_list("LIFEBOAT_OUTBOUND_ALLOW")
 # E-mail: SMTP when EMAIL_HOST is set; without it, e-mail channels fail with a message
@@ -299,7 +299,7 @@ EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "") or ""
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "lifeboat@localhost")
 
-# --- Badges and health (webapp/domain/badges.py, webapp/domain/analytics.py) ----------
+# --- Badges and health (webapp/domain/health/badges.py, health/analytics.py) ---------------
 # How long browsers and proxies (GitHub's camo) may keep a status badge, in seconds.
 BADGE_MAX_AGE_S = env_int("BADGE_MAX_AGE_S", 30, minimum=0)
 # A tag's or project's badge counts the running runs and those that ended within this
@@ -346,7 +346,7 @@ S3_ACCESS_KEY_ID = env_str("S3_ACCESS_KEY_ID")
 S3_SECRET_ACCESS_KEY = env_str("S3_SECRET_ACCESS_KEY")
 S3_BUCKET = env_str("S3_BUCKET", "lifeboat")
 # Which projects may name which credentials in a storage target's credentials_ref
-# (webapp/domain/storage_access.py): "S3_BACKUP=ml-team|vision,S3_ARCHIVE=*". A name not
+# (webapp/domain/replication/storage_access.py): "S3_BACKUP=ml-team|vision,S3_ARCHIVE=*". A name not
 # listed is refused for every project.
 S3_CREDENTIALS_REFS = env_list("S3_CREDENTIALS_REFS")
 # Which projects may use the deployment's own S3 keys (S3_ACCESS_KEY_ID) for a target

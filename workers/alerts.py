@@ -1,5 +1,5 @@
 """Alert tasks (queue `alerts`): the periodic sweep that finds overdue and failed runs and
-storage over quota, and the processing and delivery of each flip (webapp/domain/alerts.py).
+storage over quota, and the processing and delivery of each flip (webapp/domain/health/alerts.py).
 Every task takes ids and is safe to run twice."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django.utils import timezone
 def check() -> int:
     """Beat, every minute: record new flips, and pick up flips and notifications whose
     messages were lost (a publish while Redis was down, a worker that died)."""
-    from webapp.domain import alerts
+    from webapp.domain.health import alerts
     from webapp.domain.models.alerts import Flip, Notification, NotificationStatus
 
     flips = alerts.check_runs() + alerts.check_quotas()
@@ -32,7 +32,7 @@ def check() -> int:
 
 @shared_task(name="workers.alerts.process_flip", ignore_result=True)
 def process_flip(flip_id: int) -> int:
-    from webapp.domain import alerts
+    from webapp.domain.health import alerts
 
     ids = alerts.process(flip_id)
     for notification_id in ids:
@@ -42,7 +42,7 @@ def process_flip(flip_id: int) -> int:
 
 @shared_task(name="workers.alerts.deliver_notification", ignore_result=True)
 def deliver_notification(notification_id: int) -> str:
-    from webapp.domain import alerts
+    from webapp.domain.health import alerts
 
     outcome = alerts.deliver(notification_id)
     if isinstance(outcome, float):

@@ -1,5 +1,5 @@
 """Resumes (queue `launch`, or `launch.<host>` for a profile pinned to a host): see
-webapp/domain/resume.py. Tasks take ids and are safe to run twice: a resume is claimed
+webapp/domain/recovery/resume.py. Tasks take ids and are safe to run twice: a resume is claimed
 with a conditional update, and following a finished one does nothing."""
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def _record(resume, type_: str, message: str) -> None:
 
 @shared_task(name="workers.launch.launch_resume", ignore_result=True)
 def launch_resume(resume_id: int) -> str:
-    from webapp.domain import resume as resumes
     from webapp.domain.models.recovery import ResumeStatus
+    from webapp.domain.recovery import resume as resumes
 
     resume = resumes.claim(resume_id)
     if resume is None:
@@ -54,8 +54,8 @@ def launch_resume(resume_id: int) -> str:
 
 @shared_task(name="workers.launch.follow_resume", ignore_result=True)
 def follow_resume(resume_id: int) -> str:
-    from webapp.domain import resume as resumes
     from webapp.domain.models import Resume
+    from webapp.domain.recovery import resume as resumes
 
     resume = Resume.objects.select_related("checkpoint", "run", "profile").get(pk=resume_id)
     if resume.status in FINAL:
@@ -71,8 +71,8 @@ def follow_resume(resume_id: int) -> str:
 @shared_task(name="workers.launch.cancel_resume", ignore_result=True)
 def cancel_resume(resume_id: int) -> str:
     """On the launch host: the process (or the Slurm job) is stopped there."""
-    from webapp.domain import resume as resumes
     from webapp.domain.models import Resume
+    from webapp.domain.recovery import resume as resumes
 
     resume = Resume.objects.select_related("profile").get(pk=resume_id)
     if resume.status in FINAL:

@@ -1,5 +1,5 @@
 """Retention on a schedule (Celery beat), on the validate queue: deleting a local copy
-needs a worker that sees the training file system. See webapp.domain.retention."""
+needs a worker that sees the training file system. See webapp.domain.retention.policy."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def apply_all() -> int:
 def apply_project(project_id: int) -> int:
     """Safe to run twice, or in parallel: each deletion re-checks its reasons under a
     row lock, and one already done is skipped."""
-    from webapp.domain import retention
     from webapp.domain.models import Project
+    from webapp.domain.retention import policy as retention
 
     project = Project.objects.filter(pk=project_id).first()
     if project is None:

@@ -20,7 +20,7 @@ from django.utils import timezone
 def requeue_unvalidated(limit: int = 1000) -> int:
     from webapp.domain.models import Checkpoint
     from webapp.domain.models.checkpoints import UNSETTLED
-    from webapp.domain.validation_publish import enqueue_validations
+    from webapp.domain.validation.publish import enqueue_validations
 
     now = timezone.now()
     # Never enqueued (publish failed), or enqueued so long ago that even a redelivery

@@ -59,7 +59,7 @@ def dispatch_validations(checkpoint_ids: list[int]) -> int:
     """Fan a batch out into one validation task per checkpoint, so that they run in
     parallel on every worker. Safe to run twice: validations of settled checkpoints
     return at once."""
-    from webapp.domain.validation_publish import publish_validations
+    from webapp.domain.validation.publish import publish_validations
 
     publish_validations(checkpoint_ids)
     return len(checkpoint_ids)

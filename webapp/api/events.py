@@ -12,8 +12,8 @@ from ninja import Router, Schema
 
 from webapp.api.auth import ingest_auth
 from webapp.api.errors import ApiError, ErrorOut
-from webapp.domain.event_schema import EventError, parse_event
-from webapp.domain.ingest import ingest
+from webapp.domain.ingest.apply import ingest
+from webapp.domain.ingest.event_schema import EventError, parse_event
 
 router = Router(tags=["events"])
 

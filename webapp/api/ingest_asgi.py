@@ -9,7 +9,7 @@ Why on the event loop: with gunicorn's threaded workers a single event spent abo
 fifth of its CPU being handed between the threads of a process (the GIL, wake-ups),
 beyond the request's own work (docs/benchmarks.md). Here the event loop of a process
 reads each request, authenticates it from the token cache, checks its events and hands
-them to the process's group committer (webapp/domain/group_commit.py), without a thread
+them to the process's group committer (webapp/domain/ingest/group_commit.py), without a thread
 per request: the loop goes on reading the next requests while a group's transaction
 runs in the pool, so groups grow with the load and the per-transaction cost is shared by
 more events.
@@ -40,9 +40,9 @@ from django.db import connections
 from webapp.api.auth import MISSING_TOKEN, bearer_secret, token_with_scope
 from webapp.api.errors import ApiError
 from webapp.api.events import accept_events, answer, decode_events, parse_events, store_events
-from webapp.domain.group_commit import GROUP_BELOW, GroupCommitter
+from webapp.domain.ingest.group_commit import GROUP_BELOW, GroupCommitter
 from webapp.domain.models import ApiToken
-from webapp.domain.validation_outbox import flush_outbox
+from webapp.domain.validation.outbox import flush_outbox
 from webapp.ops.latency import record
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ from ninja import Path, Query, Schema
 from ninja.parser import Parser
 from pydantic import ConfigDict, Field
 
-from webapp.domain.event_schema import INT64_MAX
+from webapp.domain.health.run_health import API_STATES
+from webapp.domain.ingest.event_schema import INT64_MAX
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.runs import RunStatus
-from webapp.domain.run_health import API_STATES
 
 # Pages: at most this many rows per answer; offsets beyond this many rows are refused
 # (a deeper page is what before_step, or a filter, is for).

@@ -29,7 +29,7 @@ from webapp.api.params import (
     RunKeyQuery,
     RunStatusFilter,
 )
-from webapp.domain import run_health
+from webapp.domain.health import run_health
 from webapp.domain.models import Checkpoint, Run
 from webapp.domain.models.recovery import ReplicaStatus
 
@@ -56,7 +56,7 @@ class RunOut(Schema):
     last_step: int | None
     last_metrics: dict[str, Any]
     # up / late / overdue against expected_interval_s; not_watched when the run ended or
-    # has no interval (webapp/domain/run_health.py, the dashboard's rule).
+    # has no interval (webapp/domain/health/run_health.py, the dashboard's rule).
     health: Literal["up", "late", "overdue", "not_watched"]
     # When it turns late (while up) or overdue (while late); null otherwise.
     next_deadline: datetime | None
@@ -278,7 +278,7 @@ def latest_checkpoint(request, key: RunKeyPath):
 def run_analytics(request, key: RunKeyPath, mtbf_hours: MtbfHours = None):
     """What checkpointing costs this run, and the Young and Daly intervals for its
     checkpoint time and the project's mean time between failures (docs/analytics.md)."""
-    from webapp.domain import analytics
+    from webapp.domain.health import analytics
 
     mtbf = mtbf_hours * 3600 if mtbf_hours is not None else None
     return analytics.for_run(_run(request, key), mtbf_seconds=mtbf).as_dict()
@@ -331,7 +331,7 @@ class ResumeOut(Schema):
 
     @staticmethod
     def resolve_output(resume, context) -> str:
-        from webapp.domain.resume import output_tail  # redacted, operate-scope tokens only
+        from webapp.domain.recovery.resume import output_tail  # redacted, operate-scope tokens only
 
         auth = getattr((context or {}).get("request"), "auth", None)
         return output_tail(resume) if auth is not None and auth.allows("operate") else ""
@@ -369,7 +369,7 @@ class RetentionPlanOut(Schema):
 def retention_plan(request, run: RunKeyQuery = None, offset: Offset = 0, limit: Limit = 200):
     """The dry run of the project's retention policies, paged: each checkpoint (local
     copies) and replica, whether it would be deleted, and why."""
-    from webapp.domain import retention
+    from webapp.domain.retention import policy as retention
 
     run_row = _run(request, run) if run else None
     return retention.dry_run_page(request.auth.project, run_row, offset, limit)

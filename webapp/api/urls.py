@@ -7,7 +7,7 @@ from webapp.api import actions, events, reads
 from webapp.api.documented_errors import declare_errors
 from webapp.api.errors import install_handlers
 from webapp.api.params import ObjectBodies
-from webapp.domain.event_schema import AnyEvent
+from webapp.domain.ingest.event_schema import AnyEvent
 
 
 class LifeboatAPI(NinjaAPI):

@@ -2,7 +2,7 @@
 each notification and every attempt at sending it.
 
 A webhook's URL is checked against the deployment's outbound policy when it is saved
-(webapp.domain.outbound; checked again at every delivery). Its full URL and signing
+(webapp.domain.health.outbound; checked again at every delivery). Its full URL and signing
 secret appear on this admin page only; everything else (the audit message, the
 event log) shows it masked to scheme://host/…."""
 
@@ -19,7 +19,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import project_view
 from webapp.dashboard.settings_views import _settings_context, audit
-from webapp.domain import outbound
+from webapp.domain.health import outbound
 from webapp.domain.models.alerts import (
     AlertChannel,
     AlertKind,

@@ -1,6 +1,6 @@
 """Status badges: served to anyone who has the URL (no sign-in, no token; the project's
 badge_key is the secret), and the page where members copy the URLs and admins
-regenerate the key (webapp/domain/badges.py)."""
+regenerate the key (webapp/domain/health/badges.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_GET, require_POST
 
 from webapp.dashboard.access import project_view
-from webapp.domain import badges
+from webapp.domain.health import badges
 from webapp.domain.models import Project, Run
 from webapp.domain.models.projects import Role
 

@@ -368,7 +368,7 @@ def interval_chart(figures, samples: int = 120) -> Chart | None:
     eq. 20) against the checkpoint interval τ, on a log scale from a quarter of the
     smaller to four times the larger of the interval used and Daly's; marked at both.
     None when the figures lack δ, M or Daly's interval."""
-    from webapp.domain.analytics import waste_fraction
+    from webapp.domain.health.analytics import waste_fraction
 
     delta = figures.save_seconds_median
     mtbf = figures.mtbf_seconds

@@ -63,7 +63,7 @@ def template_digest(profile) -> str:
 
 def preview_values(checkpoint) -> dict:
     """The values the resume will get, before it exists: its number shows as N."""
-    from webapp.domain import resume as resumes
+    from webapp.domain.recovery import resume as resumes
 
     return resumes.template_values(checkpoint, "N")
 
@@ -83,7 +83,7 @@ def _variables_used(profile, values) -> list[tuple[str, str]]:
 @project_view(Role.OPERATOR)
 def checkpoint_resume(request, checkpoint_id: int):
     """GET ?profile=<id>: what will run, to confirm. POST (profile, digest): do it."""
-    from webapp.domain import resume as resumes
+    from webapp.domain.recovery import resume as resumes
 
     checkpoint = _get_checkpoint(request, checkpoint_id)
     profiles = list(request.project.launch_profiles.order_by("name"))
@@ -152,8 +152,8 @@ def recovery_offer(request, run, family) -> dict | None:
     its lineage (resume.latest_resumable, the one rule) and the launch profiles to start
     it with; None for a run that is fine, or whose family has recovered already (its
     lineage lines say so)."""
-    from webapp.domain import families
-    from webapp.domain import resume as resumes
+    from webapp.domain.health import families
+    from webapp.domain.recovery import resume as resumes
 
     if run.status != RunStatus.FAILED and run.health != Health.OVERDUE:
         return None
@@ -171,8 +171,8 @@ def recovery_offer(request, run, family) -> dict | None:
 
 def resumes_context(request, run) -> dict:
     """The resumes from the run's checkpoints, newest first, and whether to keep polling."""
-    from webapp.domain import families
-    from webapp.domain.resume import FINAL
+    from webapp.domain.health import families
+    from webapp.domain.recovery.resume import FINAL
 
     resumes = list(
         run.resumes.select_related("checkpoint", "profile", "requested_by", "new_run").order_by(
@@ -196,7 +196,7 @@ def resumes_context(request, run) -> dict:
 def resumes_fragment(request, run):
     """The resume rows, and out of band the family's state and the recovery offer,
     which a resume's progress changes."""
-    from webapp.domain import families
+    from webapp.domain.health import families
 
     family = families.families_of(request.project.pk, [run])[run.pk]
     context = {

@@ -19,9 +19,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import actor_of, project_view
-from webapp.domain import storage_access
 from webapp.domain.models import ApiToken, Event, LaunchProfile, StorageTarget
 from webapp.domain.models.projects import Role, Scope
+from webapp.domain.replication import storage_access
 
 
 def audit(request, type_: str, message: str, *, run=None, step=None, **data) -> None:
@@ -45,7 +45,7 @@ class TokenForm(forms.Form):
 
 class StorageTargetForm(forms.ModelForm):
     """The endpoint and the credentials' name are checked against what the deployment
-    allows this project (webapp.domain.storage_access), here and again on every use."""
+    allows this project (webapp.domain.replication.storage_access), here and again on every use."""
 
     endpoint_url = forms.URLField(
         required=False,

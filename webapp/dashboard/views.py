@@ -23,8 +23,9 @@ from django_htmx.http import HttpResponseStopPolling
 from webapp.dashboard import charts
 from webapp.dashboard.access import actor_of, project_view, visible_projects
 from webapp.dashboard.run_sorting import RUN_SORTS, pager_labels, run_ordering, sort_and_direction
-from webapp.domain import actions, families, problems, run_health
+from webapp.domain import actions
 from webapp.domain.actions import ActionRefused
+from webapp.domain.health import families, problems, run_health
 from webapp.domain.models import Checkpoint, Run, Validation
 from webapp.domain.models.projects import Role
 from webapp.domain.models.recovery import (
@@ -34,7 +35,7 @@ from webapp.domain.models.recovery import (
     ValidationStatus,
 )
 from webapp.domain.models.runs import Health, RunStatus
-from webapp.domain.resume import output_tail
+from webapp.domain.recovery.resume import output_tail
 
 RUNS_PER_PAGE = 50
 CHECKPOINTS_PER_PAGE = 50
@@ -276,7 +277,7 @@ MTBF_HOURS_MAX = 24 * 365 * 10
 
 
 def _analytics_context(request, run) -> dict:
-    from webapp.domain import analytics
+    from webapp.domain.health import analytics
 
     mtbf_hours = None
     with contextlib.suppress(ValueError):

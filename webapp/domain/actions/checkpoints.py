@@ -71,7 +71,7 @@ def restore_test(checkpoint: Checkpoint, actor: str) -> Requested:
     """Queue a restore test (download from a verified replica, load, time each phase),
     or name the one already queued or running. Raises ActionRefused without a verified
     replica (a restore test never reads the local copy)."""
-    from webapp.domain import restore_test as restore_tests
+    from webapp.domain.recovery import restore_test as restore_tests
 
     with transaction.atomic():
         locked = lock(checkpoint.pk)

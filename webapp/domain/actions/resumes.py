@@ -16,9 +16,9 @@ ENDED = (ResumeStatus.SUCCEEDED, ResumeStatus.FAILED, ResumeStatus.CANCELLED)
 
 def resume(checkpoint: Checkpoint, profile: LaunchProfile, actor: str, user=None) -> Resume:
     """Restart the checkpoint's run with `profile` (the checkpoint is restored from a
-    replica first if its local copy is unusable): webapp.domain.resume.request, under
+    replica first if its local copy is unusable): webapp.domain.recovery.resume.request, under
     the checkpoint's lock. Raises ActionRefused with the reason."""
-    from webapp.domain import resume as resumes
+    from webapp.domain.recovery import resume as resumes
 
     with transaction.atomic():
         locked = lock(checkpoint.pk)
@@ -31,7 +31,7 @@ def resume(checkpoint: Checkpoint, profile: LaunchProfile, actor: str, user=None
 def cancel_resume(resume: Resume, actor: str) -> Resume:
     """Stop a resume that has not ended: the launch host of its profile stops the
     process (or Slurm job) there. Raises ActionRefused once it has ended."""
-    from webapp.domain import resume as resumes
+    from webapp.domain.recovery import resume as resumes
 
     with transaction.atomic():
         locked = Resume.objects.select_for_update(of=("self",)).select_related(

@@ -1,7 +1,7 @@
 """The API token a launched job reports back with: made for one resume, of that resume's
 project, scoped `ingest,read` only (never `operate`: a job cannot start jobs), stored
 hashed like every token, and revoked when the resume reaches a final state
-(webapp/domain/resume.py `_set`). The secret exists only in the job's environment."""
+(webapp/domain/recovery/resume.py `_set`). The secret exists only in the job's environment."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (webapp/domain/ingest_in_sql.py says why and which events it takes).
 
 Changing the ingest rules for these events means changing both this function (in a new
-migration that replaces it) and webapp/domain/ingest.py's _Applier: tests/test_ingest_in_sql.py
+migration that replaces it) and webapp/domain/ingest/apply.py's _Applier: tests/test_ingest_in_sql.py
 runs the same events through both and compares every row they write."""
 
 from django.db import migrations
@@ -100,7 +100,7 @@ BEGIN
 
     ELSIF e.type = 'checkpoint.saved' THEN
       IF FOUND AND c.saved_at IS NOT NULL THEN
-        -- Saved before: a repeat or a re-save, which webapp/domain/ingest.py tells apart.
+        -- Saved before: a repeat or a re-save, which webapp/domain/ingest/apply.py tells apart.
         RAISE EXCEPTION 'this step was saved before' USING ERRCODE = 'LBF02';
       ELSIF FOUND THEN
         UPDATE domain_checkpoint SET saved_at = e.at, epoch = (e.x->>'epoch')::integer,
@@ -126,7 +126,7 @@ BEGIN
       to_validate := to_validate || c_id;
 
     ELSE
-      RAISE EXCEPTION 'events of type % are applied by webapp/domain/ingest.py', e.type
+      RAISE EXCEPTION 'events of type % are applied by webapp/domain/ingest/apply.py', e.type
         USING ERRCODE = 'LBF02';
     END IF;
   END LOOP;

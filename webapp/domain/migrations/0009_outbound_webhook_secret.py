@@ -1,4 +1,4 @@
-"""Every alert channel gets its own signing secret (webapp/domain/webhook_delivery.py);
+"""Every alert channel gets its own signing secret (webapp/domain/health/webhook_delivery.py);
 existing channels get one each, not one shared default. Webhook answers stored by
 earlier versions ("HTTP 404: <the first bytes of the body>") keep their status only."""
 
@@ -8,7 +8,7 @@ import re
 
 from django.db import migrations, models
 
-import webapp.domain.webhook_delivery
+import webapp.domain.health.webhook_delivery
 
 _WITH_BODY = re.compile(r"^(HTTP \d{3}): .*", re.S)
 
@@ -32,7 +32,7 @@ def give_each_a_secret(apps, schema_editor):
     AlertChannel = apps.get_model("domain", "AlertChannel")
     for channel in AlertChannel.objects.all().only("pk"):
         AlertChannel.objects.filter(pk=channel.pk).update(
-            secret=webapp.domain.webhook_delivery.new_secret()
+            secret=webapp.domain.health.webhook_delivery.new_secret()
         )
 
 
@@ -52,7 +52,7 @@ class Migration(migrations.Migration):
             model_name="alertchannel",
             name="secret",
             field=models.CharField(
-                default=webapp.domain.webhook_delivery.new_secret, editable=False, max_length=100
+                default=webapp.domain.health.webhook_delivery.new_secret, editable=False, max_length=100
             ),
         ),
     ]

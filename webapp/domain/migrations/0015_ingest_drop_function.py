@@ -1,4 +1,4 @@
-"""The ingest rules live in one place, webapp/domain/ingest_rules.py: the PL/pgSQL
+"""The ingest rules live in one place, webapp/domain/ingest/rules.py: the PL/pgSQL
 function lifeboat_ingest_v1 (migrations 0005, 0007 and 0008, kept so that existing
 databases migrate) is no longer called and goes. Reversing loads 0008's text again."""
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from webapp.domain.outbound import masked
-from webapp.domain.webhook_delivery import new_secret
+from webapp.domain.health.outbound import masked
+from webapp.domain.health.webhook_delivery import new_secret
 
 
 class AlertKind(models.TextChoices):
@@ -40,7 +40,7 @@ class AlertChannel(models.Model):
     kinds = models.JSONField(default=list, blank=True)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
-    # A webhook's deliveries are signed with it (webapp/domain/webhook_delivery.py);
+    # A webhook's deliveries are signed with it (webapp/domain/health/webhook_delivery.py);
     # shown to the project's admins on the channel's settings page only.
     secret = models.CharField(max_length=100, default=new_secret, editable=False)
 

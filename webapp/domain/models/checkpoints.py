@@ -18,7 +18,7 @@ class CheckpointStatus(models.TextChoices):
     SUSPICIOUS = "suspicious", "Suspicious"
     CORRUPT = "corrupt", "Corrupt"
     MISSING = "missing", "Missing"
-    # Retention is removing the local copy (webapp/domain/local_deletion.py).
+    # Retention is removing the local copy (webapp/domain/retention/local_deletion.py).
     DELETING = "deleting", "Deleting"
     DELETED = "deleted", "Deleted"
 

@@ -65,16 +65,17 @@ class Project(models.Model):
     # Alerts: storage.over_quota when its checkpoints keep more bytes than this.
     storage_quota_bytes = models.BigIntegerField(null=True, blank=True)
     over_quota = models.BooleanField(default=False)
-    # Restore tests' deeper levels (webapp/domain/deep_checks.py): {"forward": "pkg.mod:fn",
+    # Restore tests' deeper levels (webapp/domain/validation/deep_checks.py):
+    # {"forward": "pkg.mod:fn",
     # "replay": "pkg.mod:fn", "replay_steps": 5, "replay_rtol": 1e-4}.
     restore_checks = models.JSONField(default=dict, blank=True)
-    # Automatic resume of failed or silent runs (webapp/domain/resume.py), at most
+    # Automatic resume of failed or silent runs (webapp/domain/recovery/resume.py), at most
     # max_restarts times along a lineage.
     auto_resume_profile = models.ForeignKey(
         "domain.LaunchProfile", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     max_restarts = models.PositiveIntegerField(default=3)
-    # Status badges (webapp/domain/badges.py) are served without a token at URLs that
+    # Status badges (webapp/domain/health/badges.py) are served without a token at URLs that
     # carry this key; an admin regenerates it to retire every URL given out so far.
     badge_key = models.CharField(max_length=32, unique=True, default=new_badge_key)
     created_at = models.DateTimeField(default=timezone.now)

@@ -1,6 +1,6 @@
 """Retention policies: how many checkpoints a project keeps, on its own file system and
 on its storage targets. The rules are a union, as in Determined's checkpoint GC: a
-checkpoint stays if any rule keeps it (webapp.domain.retention)."""
+checkpoint stays if any rule keeps it (webapp.domain.retention.policy)."""
 
 from __future__ import annotations
 

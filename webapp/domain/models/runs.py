@@ -9,7 +9,7 @@ from django.db.models import F, Func, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from webapp.domain.run_health import HEALTH_GRACE  # noqa: F401 (re-exported)
+from webapp.domain.health.run_health import HEALTH_GRACE  # noqa: F401 (re-exported)
 
 
 class RunStatus(models.TextChoices):
@@ -111,8 +111,8 @@ class RunQuerySet(models.QuerySet):
 
     def with_health(self, now=None):
         """Annotate `health` (a Health value), `health_since` and `checkpoint_age_s`:
-        the one rule of webapp/domain/run_health.py."""
-        from webapp.domain import run_health
+        the one rule of webapp/domain/health/run_health.py."""
+        from webapp.domain.health import run_health
 
         return run_health.annotate(self, now)
 
@@ -179,8 +179,8 @@ class Run(models.Model):
     def health(self, now=None) -> str:
         """up / late / overdue against expected_interval_s (see Health), measured from
         the newest saved checkpoint, or from the start while there is none: the SQL rule
-        of webapp/domain/run_health.py, asked for this one run."""
-        from webapp.domain import run_health
+        of webapp/domain/health/run_health.py, asked for this one run."""
+        from webapp.domain.health import run_health
 
         return run_health.of(self, now).health
 

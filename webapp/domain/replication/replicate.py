@@ -141,7 +141,7 @@ def _open_source(checkpoint, path: str):
 
     location = checkpoint.location
     if location.startswith("s3://"):
-        from webapp.domain.storage import s3_client
+        from webapp.domain.replication.storage import s3_client
 
         bucket, prefix = integrity.split_s3(location.rstrip("/") + "/" + path)
         if not integrity.s3_allowed(location, checkpoint.project.allowed_roots):
@@ -341,7 +341,7 @@ def _event(replica, type_: str, message: str, now, **data) -> None:
         data={"replica": replica.pk, "target": replica.target.name, **data},
     )
     if type_ == "replica.failed":
-        from webapp.domain import alerts
+        from webapp.domain.health import alerts
 
         alerts.on_replica_failed(replica)
 

@@ -9,7 +9,7 @@ it is written last, and a replica without one is not a replica.
 
 from __future__ import annotations
 
-from webapp.domain.storage_access import TargetRefused, target_access
+from webapp.domain.replication.storage_access import TargetRefused, target_access
 
 __all__ = ["TargetRefused", "client_for", "credentials"]
 
@@ -23,10 +23,10 @@ def credentials(target) -> tuple[str | None, str | None]:
 
 
 def client_for(target, *, pool: int | None = None, retries: int | None = None):
-    """A boto3 client for the target (webapp.domain.storage.client, cached per process),
-    once its endpoint and credentials passed webapp.domain.storage_access (TargetRefused
+    """A boto3 client for the target (webapp.domain.replication.storage.client, cached per process),
+    once its endpoint and credentials passed webapp.domain.replication.storage_access (TargetRefused
     otherwise; checked on every call, so a withdrawn grant applies at once)."""
-    from webapp.domain import storage
+    from webapp.domain.replication import storage
 
     access = target_access(target)
     return storage.client(

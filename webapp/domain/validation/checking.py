@@ -157,7 +157,7 @@ def run_checks(validation_id: int):
     timings: dict[str, float] = {}
     try:
         if checkpoint.location.startswith("s3://"):
-            from webapp.domain.storage import s3_client
+            from webapp.domain.replication.storage import s3_client
 
             bucket, _ = integrity.split_s3(checkpoint.location)
             scratch = settings.SCRATCH_DIR / f"validation-{validation_id}"
@@ -275,7 +275,7 @@ def record(validation_id: int, fingerprint: str, result, content: dict, timings:
             from webapp.domain.replication.policy import on_verified
 
             transaction.on_commit(lambda: on_verified(checkpoint.pk))
-        from webapp.domain import alerts
+        from webapp.domain.health import alerts
 
         # Corrupt, suspicious or missing, and a save far slower than usual: alerts,
         # recorded in this transaction, sent after it commits.

@@ -17,7 +17,7 @@ from pathlib import PurePosixPath
 
 import torch
 
-from webapp.domain import torch_files
+from webapp.domain.validation import torch_files
 from webapp.domain.validation.content_findings import AllZero, NonFinite, value_findings
 from webapp.domain.validation.content_findings import plural as plural
 from webapp.domain.validation.formats import format_differs, strongest_format
@@ -26,7 +26,7 @@ from webapp.domain.validation.tensor_places import BOOKKEEPING, MODEL
 # Must match inspector.EXIT_OUT_OF_MEMORY (a test checks that they agree).
 EXIT_OUT_OF_MEMORY = 3
 
-# The torch-file rule is webapp/domain/torch_files.py's, for the loader and here alike.
+# The torch-file rule is webapp/domain/validation/torch_files.py's, for the loader and here alike.
 TORCH_SUFFIXES = torch_files.SUFFIXES
 TORCH_BIN_NAMES = torch_files.BIN_NAMES
 ZIP_MAGIC = torch_files.ZIP_MAGIC

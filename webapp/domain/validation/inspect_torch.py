@@ -11,7 +11,7 @@ import zipfile
 
 import torch
 
-from webapp.domain import torch_files
+from webapp.domain.validation import torch_files
 from webapp.domain.validation.checkpoint_walk import walk
 from webapp.domain.validation.content_findings import plural as plural
 from webapp.domain.validation.inspect_common import (

@@ -18,8 +18,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from webapp.domain import retention
 from webapp.domain.models import Project
+from webapp.domain.retention import policy as retention
 
 
 class Command(BaseCommand):

@@ -8,7 +8,7 @@ not verified (still being checked, suspicious, corrupt) is never deleted by a po
 
 - Local copies (where the job wrote them) are deleted only when a verified replica
   exists, so every deletion leaves a restorable copy; a checkpoint is recorded `deleted`
-  only once its files are gone (webapp/domain/local_deletion.py).
+  only once its files are gone (webapp/domain/retention/local_deletion.py).
 - Replicas follow their own policy; a replica's objects are content-addressed and shared,
   so an object goes only when no other live replica in the same store names it.
 
@@ -263,9 +263,9 @@ def delete_local(decision: Decision, actor: str) -> bool:
     then removes its files, and only then records it `deleted` (local_deletion). A
     failure puts it back to `verified` with the error in the event log. True when the
     local copy is gone."""
-    from webapp.domain import local_deletion
     from webapp.domain.models import Checkpoint
     from webapp.domain.models.checkpoints import CheckpointStatus
+    from webapp.domain.retention import local_deletion
 
     with transaction.atomic():
         checkpoint = (
@@ -293,9 +293,9 @@ def delete_local(decision: Decision, actor: str) -> bool:
 
 def finish_interrupted(project, actor: str = "retention") -> None:
     """Deletions started but not finished (the worker died between the steps)."""
-    from webapp.domain import local_deletion
     from webapp.domain.models import Replica
     from webapp.domain.models.recovery import ReplicaStatus
+    from webapp.domain.retention import local_deletion
 
     local_deletion.finish_interrupted(project, actor)
     for replica in Replica.objects.filter(

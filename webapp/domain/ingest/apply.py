@@ -8,7 +8,7 @@ The contract this module keeps (docs/api.md):
   on the first's uncommitted index entry and then returns nothing for it, so the event
   is applied exactly once whichever commits first.
 * Tolerant of late and out-of-order events: the new events are folded in time order by
-  the rules of webapp/domain/ingest_rules.py, their one text, on SQLite and PostgreSQL.
+  the rules of webapp/domain/ingest/rules.py, their one text, on SQLite and PostgreSQL.
 * Bounded work per batch: a constant number of queries whatever the batch size
   (bulk inserts, one SELECT ... FOR UPDATE per table), so a client that batches gets
   PostgreSQL's bulk speed.
@@ -25,16 +25,16 @@ from dataclasses import dataclass, field
 from django.db import connection, transaction
 from django.utils import timezone
 
-from webapp.domain.bulk_select import (
+from webapp.domain.ingest.bulk_select import (
     select_locked,
     select_locked_by_key_later,
     select_locked_later,
 )
-from webapp.domain.bulk_sql import insert_rows_by_key_later, insert_rows_later
-from webapp.domain.event_schema import CHECKPOINT_TYPES, ENVELOPE, json_safe
-from webapp.domain.ingest_rules import Applier
+from webapp.domain.ingest.bulk_sql import insert_rows_by_key_later, insert_rows_later
+from webapp.domain.ingest.event_schema import CHECKPOINT_TYPES, ENVELOPE, json_safe
+from webapp.domain.ingest.rules import Applier
+from webapp.domain.ingest.sql_pipeline import Pending, generic_plans_later, pipeline
 from webapp.domain.models import Checkpoint, Event, Project, Run
-from webapp.domain.sql_pipeline import Pending, generic_plans_later, pipeline
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def ingest(
 ) -> IngestResult:
     """Store and apply validated events (event_schema models) with their raw dicts.
 
-    actor: who sent them, or one actor per event (webapp/domain/group_commit.py applies
+    actor: who sent them, or one actor per event (webapp/domain/ingest/group_commit.py applies
     the requests of several tokens together). Returns which event ids were new and which
     were repeats (of an earlier delivery, or of an earlier event in the same batch).
     finite: the caller knows the values hold no NaN or Infinity (a body orjson parsed),

@@ -1,6 +1,6 @@
 """The rules of applying v1 events: how new events fold into runs, checkpoints and
 metric points (docs/api.md), and the bulk writes that follow. The one text of these
-rules; webapp/domain/ingest.py decides which events are new and holds the transaction.
+rules; webapp/domain/ingest/apply.py decides which events are new and holds the transaction.
 
 Tolerant of late and out-of-order events: events are folded in time order, and each
 field of a run keeps the value of the newest event that set it, so a late heartbeat
@@ -17,13 +17,17 @@ from django.db import transaction
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from webapp.domain.bulk_sql import insert_rows_later, insert_with_children_later, update_rows_later
-from webapp.domain.event_schema import CHECKPOINT_TYPES, json_safe
+from webapp.domain.ingest.bulk_sql import (
+    insert_rows_later,
+    insert_with_children_later,
+    update_rows_later,
+)
+from webapp.domain.ingest.event_schema import CHECKPOINT_TYPES, json_safe
+from webapp.domain.ingest.sql_pipeline import Pending, commit_later, pipeline
 from webapp.domain.models import Checkpoint, CheckpointFile, MetricPoint, Project, Run
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.runs import RunStatus
-from webapp.domain.sql_pipeline import Pending, commit_later, pipeline
-from webapp.domain.validation_outbox import publish_after_commit
+from webapp.domain.validation.outbox import publish_after_commit
 
 
 def _later(current: datetime | None, new: datetime) -> bool:

@@ -2,7 +2,7 @@
 
 A restore test fetches the checkpoint from a verified replica (never the local copy:
 the local copy is what dies with the cluster), verifies every file's sha256 as it
-arrives, loads it in a child process (webapp/domain/restore_load.py) and moves every
+arrives, loads it in a child process (webapp/domain/recovery/restore_load.py) and moves every
 tensor to the device: the GPU when the worker has one. Each phase is timed, with peak
 memory and the device; the total is the measured time to recover, shown on the
 dashboard and used by the analytics (docs/analytics.md).
@@ -40,7 +40,7 @@ from lifeboat.units import human_size
 log = logging.getLogger(__name__)
 
 GPU_WORKER_KEY = "lifeboat:gpu-worker:"
-LOADER_MODULE = "webapp.domain.restore_load"
+LOADER_MODULE = "webapp.domain.recovery.restore_load"
 
 
 # -- where it runs ---------------------------------------------------------------------------
@@ -199,7 +199,7 @@ def _finish(validation, status: str, message: str, timings: dict, findings=None,
 
 def _alert(validation, message: str) -> None:
     try:
-        from webapp.domain import alerts
+        from webapp.domain.health import alerts
 
         checkpoint = validation.checkpoint
         alerts.record(
@@ -267,7 +267,7 @@ def _main_file(scratch: Path, files: list[str], configured: str | None) -> Path:
                 f"files ({', '.join(files[:5])}{', …' if len(files) > 5 else ''})"
             )
         return scratch / configured
-    from webapp.domain.torch_files import is_torch_file
+    from webapp.domain.validation.torch_files import is_torch_file
 
     loadable = [f for f in files if is_torch_file(scratch / f)]
     return scratch / max(loadable or files, key=lambda f: (scratch / f).stat().st_size)
@@ -277,7 +277,7 @@ def _child_check(request: dict) -> dict:
     from webapp.domain.validation.inspector import child_env
 
     process = subprocess.run(
-        [sys.executable, "-m", "webapp.domain.deep_checks"],
+        [sys.executable, "-m", "webapp.domain.validation.deep_checks"],
         input=json.dumps({**request, "cwd": str(settings.BASE_DIR)}),
         capture_output=True,
         text=True,

@@ -75,7 +75,7 @@ class Badge:
 
 
 def for_run(run, now=None) -> Badge:
-    from webapp.domain import run_health
+    from webapp.domain.health import run_health
 
     state = state_of(run.status, run_health.of(run, now).health)
     return Badge(label=run.key, state=state, counts={state: 1})

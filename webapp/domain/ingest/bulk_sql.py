@@ -23,7 +23,7 @@ from functools import lru_cache
 import orjson
 from django.db import connection, models
 
-from webapp.domain.sql_pipeline import Pending, execute, new_cursor, send
+from webapp.domain.ingest.sql_pipeline import Pending, execute, new_cursor, send
 
 # SQLite allows 32,766 host parameters per statement; stay well under it.
 _SQLITE_ROWS_PER_STATEMENT = 500

@@ -56,7 +56,7 @@ class Outbox:
 
     def flush(self) -> int:
         """Publish what is waiting now; the number of checkpoints published."""
-        from webapp.domain.validation_publish import enqueue_validations
+        from webapp.domain.validation.publish import enqueue_validations
 
         with self._sending:
             with self._lock:
@@ -85,7 +85,7 @@ def publish_after_commit(checkpoint_ids: list[int]) -> None:
     """Called on commit with the checkpoints to validate."""
     global _outbox
     if not settings.VALIDATION_PUBLISH_MS:
-        from webapp.domain.validation_publish import enqueue_validations
+        from webapp.domain.validation.publish import enqueue_validations
 
         enqueue_validations(checkpoint_ids)
         return

@@ -1,5 +1,5 @@
 """The deeper levels of a restore test, with code a project admin registered, run in a
-child process (python -m webapp.domain.deep_checks; JSON in on stdin, out on stdout).
+child process (python -m webapp.domain.validation.deep_checks; JSON in on stdin, out on stdout).
 
 Project.restore_checks configures them:
 

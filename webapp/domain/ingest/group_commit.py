@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from django.db import InterfaceError, OperationalError, connection
 
-from webapp.domain.ingest import IngestResult, ingest
+from webapp.domain.ingest.apply import IngestResult, ingest
 
 log = logging.getLogger(__name__)
 

@@ -89,7 +89,7 @@ def families_of(project_id: int, runs) -> dict[int, Family]:
     links, the resumes on their way and, when a family has runs not given here, those
     runs: two or three queries however many runs."""
     from webapp.domain.models import Resume, Run
-    from webapp.domain.resume import FINAL
+    from webapp.domain.recovery.resume import FINAL
 
     runs = list(runs)
     known = {r.pk: {f: getattr(r, f) for f in FIELDS} for r in runs if isinstance(r, Run)}

@@ -27,7 +27,7 @@ import sys
 import time
 import zipfile
 
-from webapp.domain.torch_files import is_torch_file
+from webapp.domain.validation.torch_files import is_torch_file
 
 
 def _tensors(obj, out: list) -> None:

@@ -17,7 +17,7 @@ DAMAGED = "damaged"
 def unresumed_failed_q() -> Q:
     """Failed, and no run resumed from it and no resume of it on its way."""
     from webapp.domain.models import Resume, Run
-    from webapp.domain.resume import FINAL
+    from webapp.domain.recovery.resume import FINAL
 
     child = Run.objects.filter(resumed_from__isnull=False, resumed_from__run=OuterRef("pk"))
     pending = Resume.objects.filter(run=OuterRef("pk")).exclude(status__in=FINAL)

@@ -112,7 +112,7 @@ def _remove_empty_parents(tree, top, parts: list[str]) -> None:
 
 
 def _remove_s3(checkpoint, paths: list[str]) -> None:
-    from webapp.domain.storage import s3_client
+    from webapp.domain.replication.storage import s3_client
     from webapp.domain.validation import integrity
 
     location = checkpoint.location

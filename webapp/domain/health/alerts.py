@@ -165,7 +165,7 @@ def check_runs(now=None) -> list:
 
 
 def _auto_resume(run, reason: str) -> None:
-    from webapp.domain import resume
+    from webapp.domain.recovery import resume
 
     try:
         resume.maybe_auto_resume(run, reason)
@@ -362,8 +362,8 @@ def payload(flip) -> dict:
 
 def _send_webhook(channel, body: dict) -> int:
     """One signed POST to the channel's URL, checked against the deployment's outbound
-    policy at this very moment (webapp/domain/webhook_delivery.py)."""
-    from webapp.domain import webhook_delivery
+    policy at this very moment (webapp/domain/health/webhook_delivery.py)."""
+    from webapp.domain.health import webhook_delivery
 
     try:
         return webhook_delivery.post(

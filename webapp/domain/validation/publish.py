@@ -1,5 +1,5 @@
 """Validation tasks onto the queue, by name (webapp/domain/publish.py), after commit: the
-ingest paths (through webapp/domain/validation_outbox.py), the sweeper and the fan-out
+ingest paths (through webapp/domain/validation/outbox.py), the sweeper and the fan-out
 task all publish through these two functions."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import threading
 
 from django.conf import settings
 
-from webapp.domain.storage_access import target_access
+from webapp.domain.replication.storage_access import target_access
 
 _clients: dict[tuple, object] = {}
 _clients_lock = threading.Lock()
@@ -25,7 +25,7 @@ def client(
 ):
     """A boto3 S3 client, cached per process: building one costs tens of milliseconds,
     and the API builds presigned URLs on every read. Whoever calls this has checked the
-    endpoint and credentials (webapp.domain.storage_access)."""
+    endpoint and credentials (webapp.domain.replication.storage_access)."""
     import boto3
     from botocore.config import Config
 
@@ -64,7 +64,7 @@ def client(
 def s3_client(project=None, bucket: str | None = None):
     """A client for `bucket`: the project's storage target for that bucket if it has
     one (its endpoint, region and credentials named by reference, checked by
-    webapp.domain.storage_access: TargetRefused), else the default store of the
+    webapp.domain.replication.storage_access: TargetRefused), else the default store of the
     settings."""
     target = None
     if project is not None and bucket:

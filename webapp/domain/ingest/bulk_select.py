@@ -1,5 +1,5 @@
 """Rows locked FOR UPDATE for the ingest path, without the ORM's compiler (why:
-webapp/domain/bulk_sql.py's docstring), read back as the ORM would load them."""
+webapp/domain/ingest/bulk_sql.py's docstring), read back as the ORM would load them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from django.db import connection, models
 
-from webapp.domain.sql_pipeline import Pending, send
+from webapp.domain.ingest.sql_pipeline import Pending, send
 
 
 def select_locked(model: type[models.Model], where: dict[str, Sequence]) -> list:

@@ -1,6 +1,6 @@
 """One signed webhook POST to a checked address (docs/alerts.md, "Checking a delivery").
 
-* The URL is checked by webapp.domain.outbound at every delivery (the deployment's
+* The URL is checked by webapp.domain.health.outbound at every delivery (the deployment's
   allowances may have changed since the channel was saved) and the connection goes to
   the very address that was checked, with the URL's host in the Host header and as the
   TLS server name: a DNS answer that changes after the check cannot redirect it.
@@ -23,7 +23,7 @@ import ssl
 import time
 from http import HTTPStatus
 
-from webapp.domain import outbound
+from webapp.domain.health import outbound
 
 SIGNATURE_HEADER = "X-Lifeboat-Signature"
 

@@ -1,0 +1,1 @@
+"""Back from a checkpoint: restore tests, the loader, and resumes."""

@@ -1,0 +1,1 @@
+"""Which checkpoints go, and deleting their local files inside the allowed roots."""
