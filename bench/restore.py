@@ -220,6 +220,7 @@ def print_results(args, size: int, rounds: Rounds, load_before, load_after) -> N
 def main() -> int:
     args = parse_args()
     bucket = f"bench-restore-{uuid.uuid4().hex[:6]}"
+    (ROOT / "var").mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-restore-", dir=ROOT / "var"))
     configure(args, work)
     import boto3
