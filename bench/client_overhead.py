@@ -208,7 +208,7 @@ def loop(way: str, args, directory: Path, url: str, token: str, round_: int) -> 
     }
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=100)
@@ -225,47 +225,30 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--url", default=os.environ.get("LIFEBOAT_BENCH_URL"))
     parser.add_argument("--token", default=os.environ.get("LIFEBOAT_BENCH_TOKEN"))
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    shutil.rmtree(WORK, ignore_errors=True)
-    checkpoints = WORK / "checkpoints"
-    checkpoints.mkdir(parents=True)
-    server = None
-    url, token = args.url, args.token
-    if not (url and token):
-        server, url, token = start_server(checkpoints)
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; "
-        f"{args.steps} steps, a {args.state_mb} MB checkpoint every {args.every} steps"
-    )
-    try:
-        # Warm up torch's kernels and the page cache, untimed.
-        warm = argparse.Namespace(**{**vars(args), "steps": args.every, "rounds": 1})
-        loop("baseline", warm, checkpoints, url, token, -1)
-        results: dict[str, list[dict]] = {"baseline": [], "client": [], "durable": [], "atomic": []}
-        ways = list(results)
-        for round_ in range(args.rounds):
-            for way in ways[round_ % len(ways) :] + ways[: round_ % len(ways)]:
-                results[way].append(loop(way, args, checkpoints, url, token, round_))
-                r = results[way][-1]
-                print(
-                    f"  round {round_ + 1} {way:8s} step {r['step_ms']:7.2f} ms  "
-                    f"wall {r['wall_s']:6.2f} s  save {r['save_s']:5.2f} s  "
-                    f"report max {r['report_max_ms']:5.2f} ms  finish {r['finish_s']:5.2f} s"
-                )
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(20)
-        shutil.rmtree(WORK, ignore_errors=True)
-        try:
-            import redis
 
-            redis.Redis.from_url("redis://127.0.0.1:6379/11").flushdb()
-        except Exception:  # noqa: BLE001, S110 (no Redis: nothing to clean)
-            pass
+def run_rounds(args, checkpoints: Path, url: str, token: str) -> dict[str, list[dict]]:
+    """Every way once a round, the order rotated round by round, after an untimed warm-up."""
+    # Warm up torch's kernels and the page cache, untimed.
+    warm = argparse.Namespace(**{**vars(args), "steps": args.every, "rounds": 1})
+    loop("baseline", warm, checkpoints, url, token, -1)
+    results: dict[str, list[dict]] = {"baseline": [], "client": [], "durable": [], "atomic": []}
+    ways = list(results)
+    for round_ in range(args.rounds):
+        for way in ways[round_ % len(ways) :] + ways[: round_ % len(ways)]:
+            results[way].append(loop(way, args, checkpoints, url, token, round_))
+            r = results[way][-1]
+            print(
+                f"  round {round_ + 1} {way:8s} step {r['step_ms']:7.2f} ms  "
+                f"wall {r['wall_s']:6.2f} s  save {r['save_s']:5.2f} s  "
+                f"report max {r['report_max_ms']:5.2f} ms  finish {r['finish_s']:5.2f} s"
+            )
+    return results
+
+
+def print_results(results: dict[str, list[dict]], args) -> None:
+    """The table of the ways, then the overheads against their targets."""
 
     def mean(way, key):
         return statistics.mean(r[key] for r in results[way])
@@ -306,6 +289,37 @@ def main(argv=None) -> int:
     )
     extra = mean("durable", "save_s") - mean("baseline", "save_s")
     print(f"the atomic save (fsync + rename) costs {extra:+.2f} s a checkpoint over torch.save")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shutil.rmtree(WORK, ignore_errors=True)
+    checkpoints = WORK / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    server = None
+    url, token = args.url, args.token
+    if not (url and token):
+        server, url, token = start_server(checkpoints)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; "
+        f"{args.steps} steps, a {args.state_mb} MB checkpoint every {args.every} steps"
+    )
+    try:
+        results = run_rounds(args, checkpoints, url, token)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(20)
+        shutil.rmtree(WORK, ignore_errors=True)
+        try:
+            import redis
+
+            redis.Redis.from_url("redis://127.0.0.1:6379/11").flushdb()
+        except Exception:  # noqa: BLE001, S110 (no Redis: nothing to clean)
+            pass
+    print_results(results, args)
     return 0
 
 

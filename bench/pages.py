@@ -93,26 +93,11 @@ def copy_rows(model, columns: list[str], rows) -> int:
     return n
 
 
-def fill() -> dict:
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
-    from django.db import connection
+def fill_runs(project) -> list[int]:
+    """RUNS runs, the first the big one; returns their ids in key order."""
     from psycopg.types.json import Jsonb
 
-    from webapp.domain.models import (
-        Checkpoint,
-        CheckpointFile,
-        Event,
-        MetricPoint,
-        Project,
-        Run,
-        Validation,
-    )
-
-    started = time.perf_counter()
-    call_command("migrate", verbosity=0)
-    project = Project.objects.create(name="Bench", slug="bench", allowed_roots=["/data"])
-    get_user_model().objects.create_superuser("bench", password="bench")
+    from webapp.domain.models import Run
 
     statuses = ["running", "finished", "failed"]
     copy_rows(
@@ -127,50 +112,53 @@ def fill() -> dict:
             for i in range(RUNS)
         ),
     )  # fmt: skip
-    run_ids = list(Run.objects.order_by("key").values_list("pk", flat=True))
+    return list(Run.objects.order_by("key").values_list("pk", flat=True))
+
+
+def checkpoint_rows(project, run_ids: list[int]):
+    """BIG_RUN_CHECKPOINTS checkpoints of the big run (all verified), the rest of
+    CHECKPOINTS spread over the other runs (some reported, some corrupt)."""
+    from psycopg.types.json import Jsonb
+
     big_run = run_ids[0]
     per_run = (CHECKPOINTS - BIG_RUN_CHECKPOINTS) // (RUNS - 1)
     spare = (CHECKPOINTS - BIG_RUN_CHECKPOINTS) - per_run * (RUNS - 1)
-
-    def checkpoint_rows():
-        kinds = ["verified"] * 18 + ["reported", "corrupt"]
-        for index, run_id in enumerate(run_ids):
-            count = (
-                BIG_RUN_CHECKPOINTS if run_id == big_run else per_run + (1 if index <= spare else 0)
+    kinds = ["verified"] * 18 + ["reported", "corrupt"]
+    for index, run_id in enumerate(run_ids):
+        count = BIG_RUN_CHECKPOINTS if run_id == big_run else per_run + (1 if index <= spare else 0)
+        for s in range(count):
+            step = (s + 1) * 100
+            saved = T0 + timedelta(seconds=step)
+            status = "verified" if run_id == big_run else kinds[s % 20]
+            yield (
+                project.pk,
+                run_id,
+                step,
+                step // 5000,
+                saved,
+                f"/data/run/{run_id}/step-{step}",
+                "torch",
+                2_000_000_000 + (s * 7919) % 50_000_000,
+                16,
+                10.0 + (s % 13) / 3,
+                Jsonb({"loss": 1 / (1 + s)}),
+                Jsonb({}),
+                status,
+                "",
+                "",
+                False,
+                saved if status == "verified" else None,
+                saved,
+                saved,
             )
-            for s in range(count):
-                step = (s + 1) * 100
-                saved = T0 + timedelta(seconds=step)
-                status = "verified" if run_id == big_run else kinds[s % 20]
-                yield (
-                    project.pk,
-                    run_id,
-                    step,
-                    step // 5000,
-                    saved,
-                    f"/data/run/{run_id}/step-{step}",
-                    "torch",
-                    2_000_000_000 + (s * 7919) % 50_000_000,
-                    16,
-                    10.0 + (s % 13) / 3,
-                    Jsonb({"loss": 1 / (1 + s)}),
-                    Jsonb({}),
-                    status,
-                    "",
-                    "",
-                    False,
-                    saved if status == "verified" else None,
-                    saved,
-                    saved,
-                )
 
-    n = copy_rows(
-        Checkpoint,
-        ["project_id", "run_id", "step", "epoch", "saved_at", "location", "format",
-         "total_size", "file_count", "save_seconds", "metrics", "content", "status",
-         "status_message", "error", "pinned", "verified_at", "created_at", "updated_at"],
-        checkpoint_rows(),
-    )  # fmt: skip
+
+def fill_big_run_history(project, big_run: int) -> None:
+    """A metric point and a checkpoint.saved event per checkpoint of the big run."""
+    from psycopg.types.json import Jsonb
+
+    from webapp.domain.models import Event, MetricPoint
+
     copy_rows(
         MetricPoint,
         ["run_id", "step", "values", "time"],
@@ -190,6 +178,12 @@ def fill() -> dict:
             for s in range(1, BIG_RUN_CHECKPOINTS + 1)
         ),
     )  # fmt: skip
+
+
+def fill_target(big_run: int) -> None:
+    """16 files and 5 validations on the big run's middle checkpoint, the detail page's."""
+    from webapp.domain.models import Checkpoint, CheckpointFile, Validation
+
     target = Checkpoint.objects.get(run_id=big_run, step=BIG_RUN_CHECKPOINTS * 50)
     CheckpointFile.objects.bulk_create(
         [
@@ -206,6 +200,29 @@ def fill() -> dict:
             for _ in range(5)
         ]
     )  # fmt: skip
+
+
+def fill() -> dict:
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connection
+
+    from webapp.domain.models import Checkpoint, Project
+
+    started = time.perf_counter()
+    call_command("migrate", verbosity=0)
+    project = Project.objects.create(name="Bench", slug="bench", allowed_roots=["/data"])
+    get_user_model().objects.create_superuser("bench", password="bench")
+    run_ids = fill_runs(project)
+    n = copy_rows(
+        Checkpoint,
+        ["project_id", "run_id", "step", "epoch", "saved_at", "location", "format",
+         "total_size", "file_count", "save_seconds", "metrics", "content", "status",
+         "status_message", "error", "pinned", "verified_at", "created_at", "updated_at"],
+        checkpoint_rows(project, run_ids),
+    )  # fmt: skip
+    fill_big_run_history(project, run_ids[0])
+    fill_target(run_ids[0])
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE")
     return {"checkpoints": n, "seconds": time.perf_counter() - started}
@@ -250,6 +267,81 @@ def measure(client, pages: list, requests: int) -> list[dict]:
     return results
 
 
+def install_baseline_urls() -> None:
+    """A URL configuration with the baseline page (signed in, `SELECT 1`, the base
+    template) beside the project's own URLs."""
+    import types
+
+    from django.contrib.auth.decorators import login_required
+    from django.db import connection
+    from django.shortcuts import render
+    from django.urls import include, path
+
+    @login_required
+    def select_one(request):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return render(request, "403.html", {"reason": "baseline"})
+
+    urls = types.ModuleType("bench_pages_urls")
+    urls.urlpatterns = [path("bench/select-1/", select_one), path("", include("webapp.urls"))]
+    sys.modules["bench_pages_urls"] = urls
+
+
+def pages_to_measure() -> list:
+    """(name, url, headers) of every page measured, the two baselines first; prints what
+    the database holds."""
+    from webapp.domain.models import Checkpoint, Run
+
+    big = Run.objects.get(key="run-00000")
+    checkpoint = Checkpoint.objects.filter(run=big, files__isnull=False).first()
+    counts = {
+        "runs": Run.objects.count(),
+        "checkpoints": Checkpoint.objects.count(),
+        "big run": big.checkpoints.count(),
+    }
+    print("database:", ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+    return [
+        ("baseline: signed-in page, SELECT 1", "/bench/select-1/", {}),
+        ("baseline: Django admin changelist of runs", "/admin/domain/run/", {}),
+        ("project page (10,000 runs)", "/p/bench/", {}),
+        ("project page, sorted by storage", "/p/bench/?sort=storage", {}),
+        ("project page, filter overdue", "/p/bench/?status=overdue", {}),
+        ("project page, sorted by checkpoint age", "/p/bench/?sort=age", {}),
+        ("run page (100,000 checkpoints)", f"/p/bench/runs/{big.key}/", {}),
+        ("run page, its charts (htmx, after load)", f"/p/bench/runs/{big.key}/?charts=1",
+         {"HTTP_HX_REQUEST": "true"}),
+        ("run page, charts drawn inline (no JS)", f"/p/bench/runs/{big.key}/?charts=1", {}),
+        ("run page, checkpoint table (htmx)", f"/p/bench/runs/{big.key}/",
+         {"HTTP_HX_REQUEST": "true"}),
+        ("run page, table page 1000", f"/p/bench/runs/{big.key}/?page=1000",
+         {"HTTP_HX_REQUEST": "true"}),
+        ("checkpoint page", f"/p/bench/checkpoints/{checkpoint.pk}/", {}),
+    ]  # fmt: skip
+
+
+def print_results(pages: list, queries: list[int], results: list[dict], args, load: float) -> None:
+    # Target (issue #23): p95 under 150 ms, or at most twice the admin changelist's p95
+    # in the same run, whichever is larger.
+    admin = results[1]["p95"]
+    target = max(150.0, 2 * admin)
+    print(
+        f"\n{args.requests} rounds of one request per page, server time in ms (Django "
+        f"test Client); load average {load:.1f} before, {os.getloadavg()[0]:.1f} after\n"
+    )
+    print(
+        f"| page | p50 ms | p95 ms | max ms | queries | p95 / admin p95 | "
+        f"target p95 < {target:.0f} ms |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for (name, _, _), n, r in zip(pages, queries, results, strict=True):
+        verdict = (
+            "" if name.startswith("baseline") else ("met" if r["p95"] < target else "**missed**")
+        )
+        print(f"| {name} | {r['p50']:.1f} | {r['p95']:.1f} | {r['max']:.1f} | {n} | "
+              f"{r['p95'] / admin:.2f} | {verdict} |")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--server", default="postgres://postgres@127.0.0.1:5432")
@@ -273,79 +365,18 @@ def main() -> None:
 
         call_command("migrate", verbosity=0)
 
-    import types
-
     from django.contrib.auth import get_user_model
-    from django.contrib.auth.decorators import login_required
-    from django.db import connection
-    from django.shortcuts import render
     from django.test import Client, override_settings
-    from django.urls import include, path
 
-    from webapp.domain.models import Checkpoint, Run
-
-    @login_required
-    def select_one(request):
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        return render(request, "403.html", {"reason": "baseline"})
-
-    urls = types.ModuleType("bench_pages_urls")
-    urls.urlpatterns = [path("bench/select-1/", select_one), path("", include("webapp.urls"))]
-    sys.modules["bench_pages_urls"] = urls
-
-    big = Run.objects.get(key="run-00000")
-    checkpoint = Checkpoint.objects.filter(run=big, files__isnull=False).first()
-    counts = {
-        "runs": Run.objects.count(),
-        "checkpoints": Checkpoint.objects.count(),
-        "big run": big.checkpoints.count(),
-    }
-    print("database:", ", ".join(f"{k} {v:,}" for k, v in counts.items()))
-    pages = [
-        ("baseline: signed-in page, SELECT 1", "/bench/select-1/", {}),
-        ("baseline: Django admin changelist of runs", "/admin/domain/run/", {}),
-        ("project page (10,000 runs)", "/p/bench/", {}),
-        ("project page, sorted by storage", "/p/bench/?sort=storage", {}),
-        ("project page, filter overdue", "/p/bench/?status=overdue", {}),
-        ("project page, sorted by checkpoint age", "/p/bench/?sort=age", {}),
-        ("run page (100,000 checkpoints)", f"/p/bench/runs/{big.key}/", {}),
-        ("run page, its charts (htmx, after load)", f"/p/bench/runs/{big.key}/?charts=1",
-         {"HTTP_HX_REQUEST": "true"}),
-        ("run page, charts drawn inline (no JS)", f"/p/bench/runs/{big.key}/?charts=1", {}),
-        ("run page, checkpoint table (htmx)", f"/p/bench/runs/{big.key}/",
-         {"HTTP_HX_REQUEST": "true"}),
-        ("run page, table page 1000", f"/p/bench/runs/{big.key}/?page=1000",
-         {"HTTP_HX_REQUEST": "true"}),
-        ("checkpoint page", f"/p/bench/checkpoints/{checkpoint.pk}/", {}),
-    ]  # fmt: skip
+    install_baseline_urls()
+    pages = pages_to_measure()
     with override_settings(ROOT_URLCONF="bench_pages_urls"):
         client = Client()
         client.force_login(get_user_model().objects.get(username="bench"))
         queries = [count_queries(client, url, **headers) for _, url, headers in pages]
         load = os.getloadavg()[0]
         results = measure(client, pages, args.requests)
-        # Target (issue #23): p95 under 150 ms, or at most twice the admin changelist's p95
-        # in the same run, whichever is larger.
-        admin = results[1]["p95"]
-        target = max(150.0, 2 * admin)
-        print(
-            f"\n{args.requests} rounds of one request per page, server time in ms (Django "
-            f"test Client); load average {load:.1f} before, {os.getloadavg()[0]:.1f} after\n"
-        )
-        print(
-            f"| page | p50 ms | p95 ms | max ms | queries | p95 / admin p95 | "
-            f"target p95 < {target:.0f} ms |"
-        )
-        print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
-        for (name, _, _), n, r in zip(pages, queries, results, strict=True):
-            verdict = (
-                ""
-                if name.startswith("baseline")
-                else ("met" if r["p95"] < target else "**missed**")
-            )
-            print(f"| {name} | {r['p50']:.1f} | {r['p95']:.1f} | {r['max']:.1f} | {n} | "
-                  f"{r['p95'] / admin:.2f} | {verdict} |")  # fmt: skip
+        print_results(pages, queries, results, args, load)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -43,16 +44,18 @@ sys.path.insert(0, str(ROOT))
 MiB = 1024 * 1024
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--endpoint", default=os.environ.get("S3_ENDPOINT_URL", "http://127.0.0.1:8333")
     )
-    args = parser.parse_args()
-    bucket = f"bench-restore-{uuid.uuid4().hex[:6]}"
-    work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-restore-", dir=ROOT / "var"))
+    return parser.parse_args()
+
+
+def configure(args: argparse.Namespace, work: Path) -> None:
+    """The S3 settings and scratch folder, then Django on a scratch SQLite under work."""
     os.environ.setdefault("S3_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("S3_SECRET_ACCESS_KEY", "bench-secret")
     os.environ["S3_ENDPOINT_URL"] = args.endpoint
@@ -63,9 +66,24 @@ def main() -> int:
     from bench.replicate import setup_django
 
     setup_django(work / "var")
-    import boto3
+
+
+def write_checkpoint(path: Path, size_mib: int) -> None:
+    """A torch state dict of 64 MiB float32 tensors, size_mib MiB in all."""
     import torch
 
+    print(f"writing a {size_mib} MiB torch checkpoint ...", flush=True)
+    generator = torch.Generator().manual_seed(0)
+    state = {
+        f"layer{i}.weight": torch.randn(16 * MiB, generator=generator)
+        for i in range(max(1, size_mib // 64))
+    }
+    torch.save(state, path)
+
+
+def record_and_replicate(work: Path, path: Path, bucket: str, endpoint: str):
+    """The file recorded as a verified checkpoint and replicated by the real task; returns
+    the checkpoint and its object's key, or None when the replication failed."""
     from lifeboat.download import sha256_of
     from webapp.domain.models import (
         Checkpoint,
@@ -74,104 +92,110 @@ def main() -> int:
         Replica,
         Run,
         StorageTarget,
-        Validation,
     )
-    from webapp.domain.recovery import restore_test
-    from webapp.domain.validation.inspector import warm_helper
     from workers.replicate import replicate
 
-    client = boto3.client(
-        "s3", endpoint_url=args.endpoint, region_name="us-east-1",
-        aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"],
-    )  # fmt: skip
-    client.create_bucket(Bucket=bucket)
-    directory = work / "ckpt"
-    directory.mkdir()
-    path = directory / "model.pt"
-    print(f"writing a {args.size_mib} MiB torch checkpoint ...", flush=True)
-    generator = torch.Generator().manual_seed(0)
-    state = {
-        f"layer{i}.weight": torch.randn(16 * MiB, generator=generator)
-        for i in range(max(1, args.size_mib // 64))
-    }
-    torch.save(state, path)
-    del state
     size = path.stat().st_size
-    sha = sha256_of(path)
     project = Project.objects.create(name="bench", slug="bench", allowed_roots=[str(work)])
     run = Run.objects.create(project=project, key="bench")
     checkpoint = Checkpoint.objects.create(
         project=project, run=run, step=1, location=str(path), total_size=size,
         file_count=1, status="verified",
     )  # fmt: skip
-    CheckpointFile.objects.create(checkpoint=checkpoint, path="model.pt", size=size, sha256=sha)
+    CheckpointFile.objects.create(
+        checkpoint=checkpoint, path="model.pt", size=size, sha256=sha256_of(path)
+    )
     target = StorageTarget.objects.create(
-        project=project, name="bench", bucket=bucket, prefix="restore", endpoint_url=args.endpoint
+        project=project, name="bench", bucket=bucket, prefix="restore", endpoint_url=endpoint
     )
     replica = Replica.objects.create(checkpoint=checkpoint, target=target)
     print("replicating it ...", flush=True)
     if replicate(replica.pk) != "verified":
         replica.refresh_from_db()
         print(f"replication failed: {replica.last_error}")
-        return 1
+        return None
     replica.refresh_from_db()
-    key = replica.files[0]["key"]
-    results: dict[str, list[float]] = {"boto3": [], "lifeboat": []}
-    phases: list[dict] = []
-    load_before = os.getloadavg()
+    return checkpoint, replica.files[0]["key"]
 
-    def boto3_round() -> float:
-        target_path = work / "boto3" / "model.pt"
-        target_path.parent.mkdir(exist_ok=True)
-        start = time.perf_counter()
-        client.download_file(bucket, key, str(target_path))
-        loaded = torch.load(target_path, weights_only=True)
-        elapsed = time.perf_counter() - start
-        del loaded
-        shutil.rmtree(target_path.parent)
-        return elapsed
 
-    def lifeboat_round() -> tuple[float, dict]:
-        validation = Validation.objects.create(checkpoint=checkpoint, kind="restore")
-        start = time.perf_counter()
-        outcome = restore_test.run(validation.pk)
-        elapsed = time.perf_counter() - start
-        validation.refresh_from_db()
-        if outcome != "passed":
-            raise SystemExit(f"the restore test did not pass: {validation.message}")
-        return elapsed, {**validation.timings, "wall_s": elapsed, "device": validation.device}
+def boto3_round(client, bucket: str, key: str, work: Path) -> float:
+    import torch
 
+    target_path = work / "boto3" / "model.pt"
+    target_path.parent.mkdir(exist_ok=True)
+    start = time.perf_counter()
+    client.download_file(bucket, key, str(target_path))
+    loaded = torch.load(target_path, weights_only=True)
+    elapsed = time.perf_counter() - start
+    del loaded
+    shutil.rmtree(target_path.parent)
+    return elapsed
+
+
+def lifeboat_round(checkpoint) -> tuple[float, dict]:
+    from webapp.domain.models import Validation
+    from webapp.domain.recovery import restore_test
+
+    validation = Validation.objects.create(checkpoint=checkpoint, kind="restore")
+    start = time.perf_counter()
+    outcome = restore_test.run(validation.pk)
+    elapsed = time.perf_counter() - start
+    validation.refresh_from_db()
+    if outcome != "passed":
+        raise SystemExit(f"the restore test did not pass: {validation.message}")
+    return elapsed, {**validation.timings, "wall_s": elapsed, "device": validation.device}
+
+
+@dataclass
+class Rounds:
+    boto3: list[float] = field(default_factory=list)
+    lifeboat: list[float] = field(default_factory=list)
+    phases: list[dict] = field(default_factory=list)  # each warm restore test's timings
+    cold_boto3: float = 0.0
+    cold: float = 0.0
+
+
+def run_rounds(args, client, bucket: str, key: str, work: Path, checkpoint) -> Rounds:
+    """One cold round (the restore test starts the loader), then the warm rounds."""
+    from webapp.domain.recovery import restore_test
+    from webapp.domain.validation.inspector import warm_helper
+
+    rounds = Rounds()
+    # Cold: no loader yet, so this restore test starts it (and imports torch).
+    warm_helper(restore_test.LOADER_MODULE).stop()
+    cold_boto3 = boto3_round(client, bucket, key, work)
+    cold, cold_timings = lifeboat_round(checkpoint)
+    rounds.cold_boto3, rounds.cold = cold_boto3, cold
+    print(f"cold round: boto3 {cold_boto3:.2f} s, lifeboat {cold:.2f} s "
+          f"({cold / cold_boto3:.2f}x; load phase {cold_timings['load_s']:.2f} s, "
+          f"total_s {cold_timings['total_s']:.2f} s)", flush=True)  # fmt: skip
+    for round_ in range(args.rounds):
+        rounds.boto3.append(boto3_round(client, bucket, key, work))
+        elapsed, timings = lifeboat_round(checkpoint)
+        rounds.lifeboat.append(elapsed)
+        rounds.phases.append(timings)
+        print(
+            f"round {round_ + 1}: boto3 {rounds.boto3[-1]:.2f} s, lifeboat "
+            f"{elapsed:.2f} s ({timings['device']}, warm loader)",
+            flush=True,
+        )
+    return rounds
+
+
+def remove_bucket(client, bucket: str) -> None:
     try:
-        # Cold: no loader yet, so this restore test starts it (and imports torch).
-        warm_helper(restore_test.LOADER_MODULE).stop()
-        cold_boto3 = boto3_round()
-        cold, cold_timings = lifeboat_round()
-        print(f"cold round: boto3 {cold_boto3:.2f} s, lifeboat {cold:.2f} s "
-              f"({cold / cold_boto3:.2f}x; load phase {cold_timings['load_s']:.2f} s, "
-              f"total_s {cold_timings['total_s']:.2f} s)", flush=True)  # fmt: skip
-        for round_ in range(args.rounds):
-            results["boto3"].append(boto3_round())
-            elapsed, timings = lifeboat_round()
-            results["lifeboat"].append(elapsed)
-            phases.append(timings)
-            print(
-                f"round {round_ + 1}: boto3 {results['boto3'][-1]:.2f} s, lifeboat "
-                f"{elapsed:.2f} s ({timings['device']}, warm loader)",
-                flush=True,
-            )
-    finally:
-        try:
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-                for item in page.get("Contents", []):
-                    client.delete_object(Bucket=bucket, Key=item["Key"])
-            client.delete_bucket(Bucket=bucket)
-        except Exception as exc:  # noqa: BLE001
-            print(f"(could not remove the bench bucket: {exc})")
-        shutil.rmtree(work, ignore_errors=True)
-    load_after = os.getloadavg()
-    boto3_s = statistics.median(results["boto3"])
-    lifeboat_s = statistics.median(results["lifeboat"])
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for item in page.get("Contents", []):
+                client.delete_object(Bucket=bucket, Key=item["Key"])
+        client.delete_bucket(Bucket=bucket)
+    except Exception as exc:  # noqa: BLE001
+        print(f"(could not remove the bench bucket: {exc})")
+
+
+def print_results(args, size: int, rounds: Rounds, load_before, load_after) -> None:
+    boto3_s = statistics.median(rounds.boto3)
+    lifeboat_s = statistics.median(rounds.lifeboat)
+    cold, cold_boto3, phases = rounds.cold, rounds.cold_boto3, rounds.phases
     print()
     print(f"{size / MiB:.0f} MiB checkpoint, {args.rounds} rounds, S3 at {args.endpoint}, "
           f"{os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, "
@@ -191,6 +215,38 @@ def main() -> int:
           f"{cold / cold_boto3:8.2f}   (one round: the test starts the loader; "
           f"boto3 {cold_boto3:.2f} s beside it)")  # fmt: skip
     print("target: lifeboat (warm) <= 1.3x boto3's time")
+
+
+def main() -> int:
+    args = parse_args()
+    bucket = f"bench-restore-{uuid.uuid4().hex[:6]}"
+    (ROOT / "var").mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-restore-", dir=ROOT / "var"))
+    configure(args, work)
+    import boto3
+
+    client = boto3.client(
+        "s3", endpoint_url=args.endpoint, region_name="us-east-1",
+        aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"],
+    )  # fmt: skip
+    client.create_bucket(Bucket=bucket)
+    directory = work / "ckpt"
+    directory.mkdir()
+    path = directory / "model.pt"
+    write_checkpoint(path, args.size_mib)
+    size = path.stat().st_size
+    recorded = record_and_replicate(work, path, bucket, args.endpoint)
+    if recorded is None:
+        return 1
+    checkpoint, key = recorded
+    load_before = os.getloadavg()
+    try:
+        rounds = run_rounds(args, client, bucket, key, work, checkpoint)
+    finally:
+        remove_bucket(client, bucket)
+        shutil.rmtree(work, ignore_errors=True)
+    print_results(args, size, rounds, load_before, os.getloadavg())
     return 0
 
 

@@ -78,7 +78,7 @@ def first_step(log: Path, timeout: float = 600) -> float:
     raise SystemExit(f"the resumed job reported no step; its output:\n{log.read_text()[-2000:]}")
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--total", default="1GiB")
     parser.add_argument("--shards", type=int, default=8)
@@ -87,48 +87,38 @@ def main() -> int:
         "--endpoint", default=os.environ.get("S3_ENDPOINT_URL", "http://127.0.0.1:8333")
     )
     parser.add_argument("--bucket", default=f"bench-resume-{uuid.uuid4().hex[:6]}")
-    args = parser.parse_args()
-    import corpus
+    return parser.parse_args()
 
-    (ROOT / "var").mkdir(exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-resume-", dir=ROOT / "var"))
+
+def configure(args: argparse.Namespace, work: Path) -> None:
+    """The S3 settings, then Django on a scratch SQLite under work, its launched jobs'
+    events sent nowhere (they spool)."""
     os.environ.setdefault("S3_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("S3_SECRET_ACCESS_KEY", "bench-secret")
     os.environ["S3_ENDPOINT_URL"] = args.endpoint
     os.environ.setdefault("LIFEBOAT_OUTBOUND_ALLOW", urlsplit(args.endpoint).netloc)
-    from replicate import delete_prefix, setup_django
+    from replicate import setup_django
 
     setup_django(work / "var")
     from django.conf import settings
-    from django.db import transaction
 
     settings.LAUNCH_LIFEBOAT_URL = "http://127.0.0.1:9"  # nothing listens: events spool
-    import boto3
-    from boto3.s3.transfer import TransferConfig
-    from s3transfer.manager import TransferManager
 
+
+def record(args, work: Path, folder: Path, files: list[dict]):
+    """The shards recorded as a verified checkpoint, replicated by the real task, and the
+    `local` launch profile; returns (checkpoint, replica, profile)."""
     from webapp.domain.models import (
         Checkpoint,
         CheckpointFile,
         LaunchProfile,
         Project,
         Replica,
-        Resume,
         Run,
         StorageTarget,
     )
-    from webapp.domain.recovery import resume as resumes
-    from workers.launch import launch_resume
     from workers.replicate import replicate
 
-    client = boto3.client("s3", endpoint_url=args.endpoint, region_name="us-east-1",
-                          aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
-                          aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"])  # fmt: skip
-    client.create_bucket(Bucket=args.bucket)
-    total = corpus.parse_size(args.total)
-    folder = work / "ckpts" / "run" / "step-100"
-    print(f"writing {args.shards} shards, {total / MiB:,.0f} MiB ...", flush=True)
-    files = write_shards(folder, args.shards, total)
     size = sum(f["size"] for f in files)
     project = Project.objects.create(
         name="bench", slug="bench", allowed_roots=[str(work / "ckpts")]
@@ -150,39 +140,83 @@ def main() -> int:
                           "--resume-from {{checkpoint_path}} --run {{new_run_key}}"),
         options={"workdir": str(ROOT), "env": {}},
     )  # fmt: skip
+    return checkpoint, replica, profile
+
+
+def lifeboat_once(checkpoint, profile) -> float:
+    """The click, then the launch worker's handling of it; seconds to the first step."""
+    from django.db import transaction
+
+    from webapp.domain.models import Resume
+    from webapp.domain.recovery import resume as resumes
+    from workers.launch import launch_resume
+
+    clicked = time.time()
+    with transaction.atomic():
+        resume = resumes.request(checkpoint, profile, actor="bench")
+    launch_resume(resume.pk)
+    resume = Resume.objects.get(pk=resume.pk)
+    if resume.status == "failed":
+        raise SystemExit(f"the resume failed: {resume.error}")
+    return first_step(resumes.launch_dir(resume) / "output.log") - clicked
+
+
+def floor_once(client, bucket: str, replica, folder: Path) -> float:
+    """TransferManager's download of every object, then a fresh interpreter's loads."""
+    from boto3.s3.transfer import TransferConfig
+    from s3transfer.manager import TransferManager
+
+    started = time.time()
+    folder.mkdir(parents=True)
+    config = TransferConfig(max_concurrency=10, multipart_chunksize=8 * MiB)
+    with TransferManager(client, config) as manager:
+        for entry in replica.files:
+            manager.download(bucket, entry["key"], str(folder / entry["path"]))
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD, *sorted(str(p) for p in folder.iterdir())],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return float(out.split()[-1]) - started
+
+
+def run_rounds(args, client, folder: Path, checkpoint, replica, profile) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {"lifeboat": [], "floor": []}
+    for round_ in range(args.rounds):
+        for way in ("lifeboat", "floor") if round_ % 2 == 0 else ("floor", "lifeboat"):
+            shutil.rmtree(folder, ignore_errors=True)  # the node that held it is gone
+            if way == "lifeboat":
+                results[way].append(lifeboat_once(checkpoint, profile))
+            else:
+                results[way].append(floor_once(client, args.bucket, replica, folder))
+        print(
+            f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in results.items()),
+            flush=True,
+        )
+    return results
+
+
+def main() -> int:
+    args = parse_args()
+    import corpus
+
+    (ROOT / "var").mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-resume-", dir=ROOT / "var"))
+    configure(args, work)
+    import boto3
+    from replicate import delete_prefix
+
+    client = boto3.client("s3", endpoint_url=args.endpoint, region_name="us-east-1",
+                          aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
+                          aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"])  # fmt: skip
+    client.create_bucket(Bucket=args.bucket)
+    total = corpus.parse_size(args.total)
+    folder = work / "ckpts" / "run" / "step-100"
+    print(f"writing {args.shards} shards, {total / MiB:,.0f} MiB ...", flush=True)
+    files = write_shards(folder, args.shards, total)
+    size = sum(f["size"] for f in files)
+    checkpoint, replica, profile = record(args, work, folder, files)
     try:
-        for round_ in range(args.rounds):
-            for way in ("lifeboat", "floor") if round_ % 2 == 0 else ("floor", "lifeboat"):
-                shutil.rmtree(folder, ignore_errors=True)  # the node that held it is gone
-                if way == "lifeboat":
-                    clicked = time.time()
-                    with transaction.atomic():
-                        resume = resumes.request(checkpoint, profile, actor="bench")
-                    launch_resume(resume.pk)
-                    resume = Resume.objects.get(pk=resume.pk)
-                    if resume.status == "failed":
-                        raise SystemExit(f"the resume failed: {resume.error}")
-                    results[way].append(
-                        first_step(resumes.launch_dir(resume) / "output.log") - clicked
-                    )
-                else:
-                    started = time.time()
-                    folder.mkdir(parents=True)
-                    config = TransferConfig(max_concurrency=10, multipart_chunksize=8 * MiB)
-                    with TransferManager(client, config) as manager:
-                        for entry in replica.files:
-                            manager.download(args.bucket, entry["key"], str(folder / entry["path"]))
-                    out = subprocess.run(
-                        [sys.executable, "-c", LOAD, *sorted(str(p) for p in folder.iterdir())],
-                        capture_output=True, text=True, check=True,
-                    ).stdout  # fmt: skip
-                    results[way].append(float(out.split()[-1]) - started)
-            print(
-                f"round {round_ + 1}: "
-                + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in results.items()),
-                flush=True,
-            )
+        results = run_rounds(args, client, folder, checkpoint, replica, profile)
     finally:
         delete_prefix(client, args.bucket, "")
         client.delete_bucket(Bucket=args.bucket)
