@@ -79,33 +79,39 @@ def storage_target_edit(request, target_id: int):
     )  # fmt: skip
 
 
+def _disable_or_delete(request, obj, kind: str, uses: str, kept: str, gone: str) -> None:
+    """One rule for what history refers to: with `uses` (e.g. "3 replicas") the row is
+    kept, disabled, and the page says why; without, it is deleted. Audited either way."""
+    key = kind.replace(" ", "_")
+    if uses:
+        type(obj).objects.filter(pk=obj.pk).update(enabled=False)
+        audit(
+            request,
+            f"{key}.disabled",
+            f"{kind} {obj.name!r} disabled, not deleted: {uses}",
+            **{key: obj.pk},
+        )
+        messages.warning(request, f"{kind.capitalize()} {obj.name} is kept, disabled: {kept}")
+    else:
+        pk = obj.pk
+        obj.delete()
+        audit(request, f"{key}.deleted", f"{kind} {obj.name!r} ({gone}) deleted", **{key: pk})
+        messages.success(request, f"{kind.capitalize()} {obj.name} is deleted.")
+
+
 @require_POST
 @project_view(Role.ADMIN)
 def storage_target_delete(request, target_id: int):
     target = get_object_or_404(StorageTarget, project=request.project, pk=target_id)
     replicas = target.replicas.count()
-    if replicas:
-        StorageTarget.objects.filter(pk=target.pk).update(enabled=False)
-        audit(
-            request,
-            "storage_target.disabled",
-            f"storage target {target.name!r} disabled, not deleted: {replicas} replicas on it",
-            storage_target=target.pk,
-        )
-        messages.warning(
-            request,
-            f"Storage target {target.name} is kept, disabled: {replicas} replicas are stored "
-            "there and stay restorable. Nothing new is copied to it.",
-        )
-    else:
-        target.delete()
-        audit(
-            request,
-            "storage_target.deleted",
-            f"storage target {target.name!r} (s3://{target.bucket}/{target.prefix}) deleted",
-            storage_target=target_id,
-        )
-        messages.success(request, f"Storage target {target.name} is deleted.")
+    _disable_or_delete(
+        request,
+        target,
+        "storage target",
+        f"{replicas} replicas on it" if replicas else "",
+        f"{replicas} replicas are stored there and stay restorable. Nothing new is copied to it.",
+        f"s3://{target.bucket}/{target.prefix}",
+    )
     return redirect("dashboard:settings-storage", request.project.slug)
 
 
@@ -223,26 +229,12 @@ def alert_channel_edit(request, channel_id: int):
 def alert_channel_delete(request, channel_id: int):
     channel = get_object_or_404(AlertChannel, project=request.project, pk=channel_id)
     sent = channel.notifications.count()
-    if sent:
-        AlertChannel.objects.filter(pk=channel.pk).update(enabled=False)
-        audit(
-            request,
-            "alert_channel.disabled",
-            f"alert channel {channel.name!r} disabled, not deleted: {sent} notifications",
-            alert_channel=channel.pk,
-        )
-        messages.warning(
-            request,
-            f"Alert channel {channel.name} is kept, disabled: {sent} notifications were sent "
-            "to it and stay in the record. It gets no new ones.",
-        )
-    else:
-        channel.delete()
-        audit(
-            request,
-            "alert_channel.deleted",
-            f"alert channel {channel.name!r} ({channel.kind} to {channel.shown_target}) deleted",
-            alert_channel=channel_id,
-        )
-        messages.success(request, f"Alert channel {channel.name} is deleted.")
+    _disable_or_delete(
+        request,
+        channel,
+        "alert channel",
+        f"{sent} notifications" if sent else "",
+        f"{sent} notifications were sent to it and stay in the record. It gets no new ones.",
+        f"{channel.kind} to {channel.shown_target}",
+    )
     return redirect("dashboard:settings-alerts", request.project.slug)
