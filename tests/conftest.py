@@ -650,3 +650,31 @@ def browser():
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+# --- People in a project, by role (dashboard and API tests) --------------------------------
+
+
+def member(project, name: str, role: str):
+    from django.contrib.auth import get_user_model
+
+    from webapp.domain.models import Membership
+
+    user = get_user_model().objects.create_user(name, password="pw")
+    Membership.objects.create(project=project, user=user, role=role)
+    return user
+
+
+@pytest.fixture
+def viewer(project):
+    return member(project, "vera", "viewer")
+
+
+@pytest.fixture
+def operator(project):
+    return member(project, "otto", "operator")
+
+
+@pytest.fixture
+def admin(project):
+    return member(project, "ada", "admin")

@@ -12,16 +12,11 @@ from django.db import connection
 from django.utils import timezone
 
 from tests.conftest import queued_tasks, run_together
-from tests.test_dashboard import as_user, make_checkpoint, make_run, member
+from tests.test_dashboard import as_user, make_checkpoint, make_run
 from tests.test_dashboard_recovery import with_replica
 from webapp.domain.models import Event, Validation
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def operator(project):
-    return member(project, "otto", "operator")
 
 
 def audit(type_: str) -> list[Event]:

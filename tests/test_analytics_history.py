@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.test_dashboard import as_user, member
+from tests.conftest import member
+from tests.test_dashboard import as_user
 from webapp.domain.health import analytics
 
 pytestmark = pytest.mark.django_db

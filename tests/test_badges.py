@@ -10,7 +10,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from tests.test_dashboard import as_user, member
+from tests.conftest import member
+from tests.test_dashboard import as_user
 from webapp.domain.models import Event, Project
 
 pytestmark = pytest.mark.django_db

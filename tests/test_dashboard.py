@@ -8,7 +8,6 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
@@ -19,7 +18,6 @@ from webapp.domain.models import (
     CheckpointFile,
     Event,
     LaunchProfile,
-    Membership,
     MetricPoint,
     Resume,
     Run,
@@ -29,27 +27,6 @@ from webapp.domain.models import (
 from webapp.domain.models.runs import Health
 
 pytestmark = pytest.mark.django_db
-
-
-def member(project, name: str, role: str):
-    user = get_user_model().objects.create_user(name, password="pw")
-    Membership.objects.create(project=project, user=user, role=role)
-    return user
-
-
-@pytest.fixture
-def viewer(project):
-    return member(project, "vera", "viewer")
-
-
-@pytest.fixture
-def operator(project):
-    return member(project, "otto", "operator")
-
-
-@pytest.fixture
-def admin(project):
-    return member(project, "ada", "admin")
 
 
 def make_run(project, key: str, **fields) -> Run:

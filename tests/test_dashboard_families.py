@@ -12,20 +12,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.test_dashboard import as_user, make_checkpoint, make_run, member
+from tests.test_dashboard import as_user, make_checkpoint, make_run
 from webapp.domain.models import Checkpoint, LaunchProfile, Replica, Resume, StorageTarget
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def viewer(project):
-    return member(project, "vera", "viewer")
-
-
-@pytest.fixture
-def operator(project):
-    return member(project, "otto", "operator")
 
 
 def replica(checkpoint, status: str = "verified") -> Replica:

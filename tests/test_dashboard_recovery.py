@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from tests.test_dashboard import as_user, make_checkpoint, make_run, member
+from tests.test_dashboard import as_user, make_checkpoint, make_run
 from webapp.domain.models import (
     AlertChannel,
     Checkpoint,
@@ -27,21 +27,6 @@ from webapp.domain.models import (
 from webapp.domain.models.alerts import Flip, Notification
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def viewer(project):
-    return member(project, "vera", "viewer")
-
-
-@pytest.fixture
-def operator(project):
-    return member(project, "otto", "operator")
-
-
-@pytest.fixture
-def admin(project):
-    return member(project, "ada", "admin")
 
 
 def with_replica(checkpoint, status: str = "verified") -> Replica:

@@ -13,7 +13,8 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from tests.test_dashboard import as_user, make_checkpoint, make_run, member
+from tests.conftest import member
+from tests.test_dashboard import as_user, make_checkpoint, make_run
 from webapp.domain.launch import template
 from webapp.domain.models import (
     ApiToken,
@@ -28,21 +29,6 @@ from webapp.domain.models.alerts import AlertChannel, Flip, Notification
 from webapp.domain.models.projects import LastAdmin
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def admin(project):
-    return member(project, "ada", "admin")
-
-
-@pytest.fixture
-def operator(project):
-    return member(project, "otto", "operator")
-
-
-@pytest.fixture
-def viewer(project):
-    return member(project, "vera", "viewer")
 
 
 def secret_in(html: str) -> str | None:

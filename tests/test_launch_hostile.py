@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tests.conftest import event, saved
-from tests.test_dashboard import as_user, make_checkpoint, make_run, member
+from tests.conftest import event, member, saved
+from tests.test_dashboard import as_user, make_checkpoint, make_run
 from tests.test_slurm import slurm_cluster  # noqa: F401 (a fixture, asked for by name)
 from webapp.domain.health import alerts
 from webapp.domain.models import (

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_dashboard import as_user, make_checkpoint, make_run, member
+from tests.conftest import member
+from tests.test_dashboard import as_user, make_checkpoint, make_run
 from webapp.domain.models import LaunchProfile, Resume
 
 ACCEPTED = [

@@ -17,16 +17,11 @@ from django.utils import timezone
 
 from lifeboat.units import format_number, format_seconds, human_size
 from tests.conftest import ROOT
-from tests.test_dashboard import as_user, make_checkpoint, make_run, member
+from tests.test_dashboard import as_user, make_checkpoint, make_run
 from webapp.domain.models import Event, MetricPoint
 
 pytestmark = pytest.mark.django_db
 RAW_FLOAT = re.compile(r"\d\.\d{6,}")
-
-
-@pytest.fixture
-def viewer(project):
-    return member(project, "vera", "viewer")
 
 
 def render(text: str, **context) -> str:

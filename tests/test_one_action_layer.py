@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import queued_tasks
-from tests.test_dashboard import as_user, make_checkpoint, make_run, member
+from tests.conftest import member, queued_tasks
+from tests.test_dashboard import as_user, make_checkpoint, make_run
 from tests.test_dashboard_recovery import profile, with_replica
 from webapp.dashboard.recovery_views import template_digest
 from webapp.domain.models import Event, Project, Replica, Resume, StorageTarget, Validation

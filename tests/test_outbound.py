@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.test_dashboard import as_user, member
+from tests.test_dashboard import as_user
 from webapp.domain.health import alerts
 from webapp.domain.models import Event, StorageTarget
 from webapp.domain.models.alerts import AlertChannel, Flip, Notification
@@ -98,11 +98,6 @@ def receivers():
     yield make
     for receiver in made:
         receiver.close()
-
-
-@pytest.fixture
-def admin(project):
-    return member(project, "ada", "admin")
 
 
 def deliver_to(channel) -> Notification:

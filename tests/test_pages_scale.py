@@ -11,15 +11,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from tests.test_dashboard import as_user, make_checkpoint, make_run, member
+from tests.test_dashboard import as_user, make_checkpoint, make_run
 from webapp.domain.models import Checkpoint, MetricPoint, Run, RunStats
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def viewer(project):
-    return member(project, "vera", "viewer")
 
 
 def expected_totals(run) -> tuple[int, int, int | None, object]:
