@@ -1,6 +1,6 @@
 """Actions through one door: the API and the dashboard ask for a check or a restore test
 through the same domain functions, which lock the checkpoint, write one audit Event and
-coalesce a repeat into the request already queued (webapp/domain/checkpoint_requests.py).
+coalesce a repeat into the request already queued (webapp/domain/actions/).
 The tasks are read back from the real Redis queue."""
 
 from __future__ import annotations
