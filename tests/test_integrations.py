@@ -320,6 +320,9 @@ def test_a_requeued_slurm_job_resumes_from_the_newest_verified_checkpoint(job_en
         )
         subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
         release_when_requeued(job)
+        # The third start, before asking for a final state: between the requeue and the
+        # new start Slurm can answer for the allocation that just ended (FAILED, exit 1).
+        waiting(lambda: len(starts(log, job)) == 3, "the job did not start a third time")
         final = slurm.wait(job, timeout=120, interval=0.5)
     finally:
         slurm.cancel(job)
