@@ -28,7 +28,19 @@ from webapp.domain.models import (
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 # The fixtures of tests/test_browser.py: the gunicorn server, the screenshots folder
 # (Chromium, skipped or failed under CI=true without it, is conftest.py's `browser`).
-web, shots = base.web, base.shots
+shots = base.shots
+
+
+@pytest.fixture(scope="module")
+def web(worker_env):
+    # The runs list's refresh, faster than its default (10 s, 30 s for the problems
+    # summary), so that seeing it refresh takes seconds.
+    from tests.conftest import WebServer
+
+    server = WebServer(worker_env, RUNS_REFRESH_S="2", PROBLEMS_REFRESH_S="3")
+    yield server
+    server.stop()
+
 
 # A command much wider than the confirmation's box (the was 1,261 px in 832).
 LONG_TEMPLATE = (
@@ -119,18 +131,19 @@ def test_a_family_of_resumed_runs_is_told_apart_grouped_and_refreshed(wide, web,
     expect(page.locator("#problems")).to_contain_text("No problems")
     page.evaluate("window.notReloaded = true")
     make_checkpoint(third, 300, status="corrupt")
-    # The list every 10 s, the problems summary every 30 s (it costs more).
-    expect(page.locator(f"#run-row-{third.pk}")).to_contain_text("1 corrupt", timeout=15_000)
-    expect(page.locator("#problems")).to_contain_text("1 corrupt checkpoint", timeout=35_000)
+    # The list every 2 s, the problems summary every 3 s (the server above).
+    expect(page.locator(f"#run-row-{third.pk}")).to_contain_text("1 corrupt", timeout=6_000)
+    expect(page.locator("#problems")).to_contain_text("1 corrupt checkpoint", timeout=8_000)
     assert page.evaluate("window.notReloaded") is True
     shots("runs-refreshed", page)
-    asked = []
-    page.on("request", lambda r: asked.append(r.url) if r.headers.get("hx-request") else None)
     page.evaluate(
         "Object.defineProperty(document, 'visibilityState', {get: () => 'hidden'});"
         "document.dispatchEvent(new Event('visibilitychange'))"
     )
-    page.wait_for_timeout(11_000)
+    # Listening only once the page is hidden: a poll that fired just before is not one.
+    asked = []
+    page.on("request", lambda r: asked.append(r.url) if r.headers.get("hx-request") else None)
+    page.wait_for_timeout(4_000)  # two of the list's periods
     assert asked == []
 
 

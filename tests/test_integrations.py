@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -265,8 +266,13 @@ def squeue_state(job: str) -> str:
 
 
 def release_when_requeued(job: str) -> None:
-    """Slurm holds a requeued job back (BeginTime, about two minutes): let it start now."""
+    """Slurm holds a requeued job back (BeginTime, about two minutes): let it start now.
+
+    Not in the same second as the requeue: slurmd revokes the old allocation's credential
+    with a timestamp in whole seconds, and a start within that second is killed as
+    "Job credential revoked" (the job ends FAILED, exit 1: slurmctld.log says so)."""
     wait_for(lambda: squeue_state(job) == "PENDING", 30, interval=0.2)
+    time.sleep(1.5)
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True,
                    timeout=30)  # fmt: skip
 
@@ -320,8 +326,6 @@ def test_a_requeued_slurm_job_resumes_from_the_newest_verified_checkpoint(job_en
         )
         subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
         release_when_requeued(job)
-        # The third start, before asking for a final state: between the requeue and the
-        # new start Slurm can answer for the allocation that just ended (FAILED, exit 1).
         waiting(lambda: len(starts(log, job)) == 3, "the job did not start a third time")
         final = slurm.wait(job, timeout=120, interval=0.5)
     finally:

@@ -237,6 +237,10 @@ MIDDLEWARE.insert(0, "webapp.api.json_everywhere.JsonErrorsUnderApi")
 # Threads per web process (webapp/asgi.py) for the requests that are not single events:
 # pages, reads, batches. Each holds its own database connection.
 WEB_THREADS = env_int("WEB_THREADS", 8, minimum=1)
+# The runs list refreshes itself this often (s) while the page is visible; the problems
+# summary, which works out every running run's health (problems.summary), less often.
+RUNS_REFRESH_S = env_int("RUNS_REFRESH_S", 10, minimum=1)
+PROBLEMS_REFRESH_S = env_int("PROBLEMS_REFRESH_S", 30, minimum=1)
 # The largest request body POST /api/v1/events accepts; larger ones get 413.
 EVENTS_MAX_BODY_BYTES = env_int("EVENTS_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024)
 EVENTS_MAX_BATCH = env_int("EVENTS_MAX_BATCH", 1000, minimum=1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -53,10 +54,6 @@ STATUS_FILTERS = [(s.value, s.label) for s in RunStatus] + [
     (problems.UNRESUMED_FAILED, "Failed, not resumed"),
     (problems.DAMAGED, "Corrupt or suspicious checkpoints"),
 ]
-# The runs list refreshes itself this often while the page is visible; the problems
-# summary, which works out every running run's health (problems.summary), less often.
-RUNS_REFRESH_S = 10
-PROBLEMS_REFRESH_S = 30
 
 
 def poll_delay_ms(request) -> tuple[int, int]:
@@ -130,8 +127,8 @@ def runs(request):
         "groups": families.grouped(project.pk, page.object_list),
         # Without JavaScript, ?problems=1 draws the summary in the page.
         "problems": problems.summary(project.pk) if "problems" in request.GET else None,
-        "refresh_s": RUNS_REFRESH_S,
-        "problems_refresh_s": PROBLEMS_REFRESH_S,
+        "refresh_s": settings.RUNS_REFRESH_S,
+        "problems_refresh_s": settings.PROBLEMS_REFRESH_S,
         "refresh_url": f"{request.path}?{request.GET.urlencode()}",
         "q": q,
         "tag": tag,
