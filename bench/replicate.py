@@ -190,8 +190,9 @@ def measure(args, client, location: Path, files: list[dict]) -> dict[str, list[f
     project.allowed_roots = [str(location.parent)]
     project.save()
     run, _ = Run.objects.get_or_create(project=project, key="bench")
-    phases = [f"boto3 x{n}" for n in args.boto3.split(",")]
-    phases += [f"rclone x{n}" for n in args.rclone.split(",")]
+    # An empty list (--boto3 "") leaves that baseline out.
+    phases = [f"boto3 x{n}" for n in args.boto3.split(",") if n]
+    phases += [f"rclone x{n}" for n in args.rclone.split(",") if n]
     phases.append("lifeboat")
     results: dict[str, list[float]] = {name: [] for name in phases}
     size = sum(f["size"] for f in files)

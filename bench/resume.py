@@ -3,10 +3,13 @@ copy is gone (so it comes back from S3), beside the floor measured in the same r
 
     .venv/bin/python bench/resume.py                       # 1 GiB in 8 shards, 3 rounds
     .venv/bin/python bench/resume.py --total 256MiB --rounds 2
+    .venv/bin/python bench/resume.py --launcher local,slurm   # Slurm too (sbatch here)
 
 Setup: a checkpoint of --shards torch files (--total bytes), verified, replicated to the
-S3 server (S3_ENDPOINT_URL, default the shared SeaweedFS on :8333), and a `local` launch
-profile running bench/resume_job.py (start a lifeboat.Run, torch.load every shard one at
+S3 server (S3_ENDPOINT_URL, default the shared SeaweedFS on :8333), and a launch profile
+of each --launcher kind (`local`; `slurm`, which needs sbatch and a node that sees this
+checkout, such as the single-node cluster of scripts/slurm_single_node.sh) running
+bench/resume_job.py (start a lifeboat.Run, torch.load every shard one at
 a time, one step, run.log; it prints the time of that report). Database: a scratch
 SQLite. No Lifeboat server runs: the job's events wait in its spool, which does not
 delay it. Alternated round by round, the local folder deleted before each:
@@ -14,8 +17,9 @@ delay it. Alternated round by round, the local folder deleted before each:
   lifeboat   the click (webapp.domain.recovery.resume.request, what the API and the Resume button
              call) then what the launch worker does with the message
              (workers.launch.launch_resume: check the local copy, restore every shard
-             from the replica in parallel, verified, start the job); timed to the
-             job's first reported step. The queue's own latency is not included.
+             from the replica in parallel, verified, start the job, or submit it to
+             Slurm); timed to the job's first reported step, Slurm's scheduling
+             included. The queue's own latency is not included.
   floor      boto3's TransferManager downloading the same objects (no verification),
              then a fresh interpreter that imports torch and torch.loads every shard.
 
@@ -84,6 +88,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
+        "--launcher", default="local", help="launch profile kinds, comma-separated: local,slurm"
+    )
+    parser.add_argument(
         "--endpoint", default=os.environ.get("S3_ENDPOINT_URL", "http://127.0.0.1:8333")
     )
     parser.add_argument("--bucket", default=f"bench-resume-{uuid.uuid4().hex[:6]}")
@@ -106,8 +113,8 @@ def configure(args: argparse.Namespace, work: Path) -> None:
 
 
 def record(args, work: Path, folder: Path, files: list[dict]):
-    """The shards recorded as a verified checkpoint, replicated by the real task, and the
-    `local` launch profile; returns (checkpoint, replica, profile)."""
+    """The shards recorded as a verified checkpoint, replicated by the real task, and a
+    launch profile per --launcher kind; returns (checkpoint, replica, {kind: profile})."""
     from webapp.domain.models import (
         Checkpoint,
         CheckpointFile,
@@ -134,13 +141,20 @@ def record(args, work: Path, folder: Path, files: list[dict]):
     replica = Replica.objects.create(checkpoint=checkpoint, target=target)
     assert replicate(replica.pk) == "verified"
     replica.refresh_from_db()
-    profile = LaunchProfile.objects.create(
-        project=project, name="local", kind="local",
-        command_template=(f"{shlex.quote(sys.executable)} bench/resume_job.py "
-                          "--resume-from {{checkpoint_path}} --run {{new_run_key}}"),
-        options={"workdir": str(ROOT), "env": {}},
-    )  # fmt: skip
-    return checkpoint, replica, profile
+    profiles = {
+        kind: LaunchProfile.objects.create(
+            project=project,
+            name=kind,
+            kind=kind,
+            command_template=(
+                f"{shlex.quote(sys.executable)} bench/resume_job.py "
+                "--resume-from {{checkpoint_path}} --run {{new_run_key}}"
+            ),
+            options={"workdir": str(ROOT), "env": {}},
+        )  # fmt: skip
+        for kind in args.launcher.split(",")
+    }
+    return checkpoint, replica, profiles
 
 
 def lifeboat_once(checkpoint, profile) -> float:
@@ -179,15 +193,18 @@ def floor_once(client, bucket: str, replica, folder: Path) -> float:
     return float(out.split()[-1]) - started
 
 
-def run_rounds(args, client, folder: Path, checkpoint, replica, profile) -> dict[str, list[float]]:
-    results: dict[str, list[float]] = {"lifeboat": [], "floor": []}
+def run_rounds(args, client, folder: Path, checkpoint, replica, profiles) -> dict[str, list[float]]:
+    ways = ["floor", *(f"lifeboat {kind}" for kind in profiles)]
+    results: dict[str, list[float]] = {way: [] for way in ways}
     for round_ in range(args.rounds):
-        for way in ("lifeboat", "floor") if round_ % 2 == 0 else ("floor", "lifeboat"):
+        shift = round_ % len(ways)  # each way goes first in turn
+        for way in ways[shift:] + ways[:shift]:
             shutil.rmtree(folder, ignore_errors=True)  # the node that held it is gone
-            if way == "lifeboat":
-                results[way].append(lifeboat_once(checkpoint, profile))
-            else:
+            if way == "floor":
                 results[way].append(floor_once(client, args.bucket, replica, folder))
+            else:
+                profile = profiles[way.split()[1]]
+                results[way].append(lifeboat_once(checkpoint, profile))
         print(
             f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in results.items()),
             flush=True,
@@ -214,9 +231,9 @@ def main() -> int:
     print(f"writing {args.shards} shards, {total / MiB:,.0f} MiB ...", flush=True)
     files = write_shards(folder, args.shards, total)
     size = sum(f["size"] for f in files)
-    checkpoint, replica, profile = record(args, work, folder, files)
+    checkpoint, replica, profiles = record(args, work, folder, files)
     try:
-        results = run_rounds(args, client, folder, checkpoint, replica, profile)
+        results = run_rounds(args, client, folder, checkpoint, replica, profiles)
     finally:
         delete_prefix(client, args.bucket, "")
         client.delete_bucket(Bucket=args.bucket)
@@ -226,9 +243,9 @@ def main() -> int:
     print(f"{len(files)} shards, {size / MiB:,.0f} MiB, {args.rounds} rounds, "
           f"S3 at {args.endpoint}, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
-    print(f"{'':10} {'best s':>8} {'median s':>9} {'x floor':>8}")
+    print(f"{'':16} {'best s':>8} {'median s':>9} {'x floor':>8}")
     for k, v in results.items():
-        print(f"{k:10} {best[k]:8.2f} {statistics.median(v):9.2f} {best[k] / best['floor']:8.2f}")
+        print(f"{k:16} {best[k]:8.2f} {statistics.median(v):9.2f} {best[k] / best['floor']:8.2f}")
     print("target: lifeboat <= 1.5x floor (click to first reported step)")
     return 0
 
