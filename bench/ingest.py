@@ -36,7 +36,7 @@ measured once more. It refuses to start when the checkout's models and migration
 disagree (`manage.py makemigrations --check`), and stops when a phase gets no success.
 
 It prints a table (system, mode, events/s, p50, p99, Lifeboat/MLflow ratio) and whether
-the targets are met (single events >= 10x MLflow's figure, batched >= 10,000 events/s).
+the targets are met (single events >= 5x MLflow's figure, batched >= 10,000 events/s).
 At the end it stops every server it started, drops both databases (unless --keep) and
 flushes Redis db 12. Logs of the servers are left in var/bench-ingest/.
 """
