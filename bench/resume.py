@@ -220,11 +220,15 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-resume-", dir=ROOT / "var"))
     configure(args, work)
     import boto3
+    from botocore.config import Config
     from replicate import delete_prefix
 
+    # A pool larger than the floor's 10 transfer threads: with botocore's default (10)
+    # s3transfer drops and reopens connections, which would slow the floor.
     client = boto3.client("s3", endpoint_url=args.endpoint, region_name="us-east-1",
                           aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
-                          aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"])  # fmt: skip
+                          aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"],
+                          config=Config(max_pool_connections=32))  # fmt: skip
     client.create_bucket(Bucket=args.bucket)
     total = corpus.parse_size(args.total)
     folder = work / "ckpts" / "run" / "step-100"
