@@ -278,10 +278,14 @@ def print_results(results: dict[str, list[dict]], args) -> None:
           f"{per_step('atomic', 'durable'):+.2f}% of the step time (target < 1%)")  # fmt: skip
     overhead = 100 * (mean("client", "step_ms") / base - 1)
     blocked = max(r["report_max_ms"] for r in results["client"] + results["atomic"])
+    # The target holds only if hashing, wherever it runs, stays under 1 % of the step:
+    # the step time alone misses the hashing done during saves and after the loop.
+    worst = max(overhead, per_step("client", "baseline"), per_step("atomic", "durable"))
     print()
+    print(f"client overhead on the step time: {overhead:+.2f}%")
     print(
-        f"client overhead on the step time: {overhead:+.2f}% (target < 1%): "
-        f"{'met' if overhead < 1 else 'NOT met'}"
+        f"client overhead, the worst of the three above: {worst:+.2f}% (target < 1%): "
+        f"{'met' if worst < 1 else 'NOT met'}"
     )
     print(
         f"longest time run.checkpoint() blocked the loop: {blocked:.2f} ms (target < 5 ms): "
