@@ -5,6 +5,7 @@ limit (bench/validate_sharded.py).
     .venv/bin/python bench/validate.py               # 1 GiB, 3 rounds
     .venv/bin/python bench/validate.py --size-mib 256 --rounds 5
     .venv/bin/python bench/validate.py --shards 8 --total 2GiB
+    .venv/bin/python bench/validate.py --many-files --total 40MiB   # 10,000 small files
 
 Phases, each timed over the same file (warm in the page cache after the first read, as
 it is when a worker checks a checkpoint the job has just written):
@@ -74,13 +75,17 @@ def main() -> int:
     parser.add_argument("--dir", help="where to write the checkpoint (default: a temp dir)")
     parser.add_argument("--shards", type=int, help="a sharded HF checkpoint of this many shards")
     parser.add_argument("--total", default="8GiB", help="with --shards: its size (8GiB, 1GiB)")
+    parser.add_argument(
+        "--many-files", action="store_true", help="10,000 small files of --total in all instead"
+    )
     args = parser.parse_args()
-    if args.shards:
+    if args.shards or args.many_files:
         from bench.corpus import parse_size
         from bench.validate_sharded import run
 
+        shape = "many_files" if args.many_files else "hf"
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="lifeboat-bench-validate-") as tmp:
-            return run(Path(tmp), args.shards, parse_size(args.total), args.rounds)
+            return run(Path(tmp), args.shards or 0, parse_size(args.total), args.rounds, shape)
 
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="lifeboat-bench-validate-") as tmp:
         root = Path(tmp)
