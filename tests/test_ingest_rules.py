@@ -35,3 +35,28 @@ def test_a_single_event_posted_in_a_test_goes_through_the_group_committer(api, t
     assert answer.status_code == 202 and answer.json()["created"] == 1
     assert applied == [1]
     assert Checkpoint.objects.get().step == 3
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the pipelined way is PostgreSQL's")
+def test_a_new_runs_first_event_is_one_transaction_and_its_next_takes_one_round_trip(api, token):
+    from django.test.utils import CaptureQueriesContext
+
+    from webapp.domain.models import Run
+
+    def statements(step: int) -> list[str]:
+        with CaptureQueriesContext(connection) as captured:
+            answer = api.post_events(token, saved(run="fresh-run", step=step))
+        assert answer.status_code == 202 and answer.json()["created"] == 1
+        return [q["sql"] for q in captured.captured_queries]
+
+    first = statements(1)
+    # Once: no attempt that finds the run missing and is rolled back first.
+    assert sum('INSERT INTO "domain_event"' in q for q in first) == 1, first
+    assert not [q for q in first if q.startswith("ROLLBACK")], first
+    assert sum('INSERT INTO "domain_run"' in q for q in first) == 1
+    # The run is known now: its next event locks it, inserts the event and locks the
+    # checkpoint in the first pipelined round trip, and creates no run.
+    second = statements(2)
+    assert sum('INSERT INTO "domain_event"' in q for q in second) == 1, second
+    assert not [q for q in second if 'INSERT INTO "domain_run"' in q or q.startswith("ROLLBACK")]
+    assert Run.objects.get(key="fresh-run").last_step == 2

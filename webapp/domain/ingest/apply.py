@@ -85,17 +85,19 @@ def ingest(
 
     keys = sorted({events[i].run for i in unique})
     # PostgreSQL: the first round trip locks the runs, inserts the events and locks the
-    # checkpoints together; elsewhere (SQLite) one statement after the other.
-    together = connection.vendor == "postgresql"
+    # checkpoints together, once this process knows the runs exist; elsewhere (SQLite),
+    # and for a run's first events, one statement after the other.
+    together = connection.vendor == "postgresql" and _KNOWN_RUNS.has(project.pk, keys)
     try:
         stored = _store(project, keys, events, unique, actors, raw, safe, together)
     except _NewRuns:
-        # A run the events name did not exist: its events may have been inserted
+        # A run known to exist was deleted since: its events may have been inserted
         # before its row was locked, and waiting for that lock while holding them
         # can deadlock with a request that holds the lock and sends the same events.
         # All of it was rolled back; now the runs are created and locked first.
         stored = _store(project, keys, events, unique, actors, raw, safe, False)
     inserted, enqueued = stored
+    _KNOWN_RUNS.add(project.pk, keys)
     result = IngestResult(enqueued=enqueued)
     for i, event in enumerate(events):
         is_new = event.id in inserted and firsts[event.id] == i
@@ -124,6 +126,30 @@ def _lock_runs(project: Project, keys: list[str]) -> dict[str, Run]:
         )
         runs = lock()
     return runs
+
+
+class _KnownRuns:
+    """The runs this process has seen exist, by (project id, key), so that only a run's
+    first events take the longer way (_lock_runs) instead of a transaction that finds
+    the run missing, is rolled back and is made again. Knowing a run that was deleted
+    since costs that rolled-back transaction once; nothing is ever wrong for it. Bounded:
+    forgotten all at once when full (thousands of live runs are a few hundred KB)."""
+
+    LIMIT = 100_000
+
+    def __init__(self):
+        self._keys: set[tuple[int, str]] = set()
+
+    def has(self, project_id: int, keys: list[str]) -> bool:
+        return all((project_id, key) in self._keys for key in keys)
+
+    def add(self, project_id: int, keys: list[str]) -> None:
+        if len(self._keys) + len(keys) > self.LIMIT:
+            self._keys.clear()
+        self._keys.update((project_id, key) for key in keys)
+
+
+_KNOWN_RUNS = _KnownRuns()
 
 
 def _as_is(value):
@@ -169,8 +195,7 @@ def _read_and_insert_together(project: Project, keys: list[str], events, unique,
     much as the work of an event (bench/ingest.py), and a single event's transaction
     had six of them.
 
-    When a run does not exist yet this raises _NewRuns: only the first events of a run
-    pay for the way round."""
+    When a run does not exist (deleted since this process saw it) this raises _NewRuns."""
     steps = sorted({events[i].step for i in unique if events[i].type in CHECKPOINT_TYPES})
     with pipeline():
         generic_plans_later()
