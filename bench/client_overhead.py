@@ -96,7 +96,10 @@ def start_server(checkpoints: Path) -> tuple[subprocess.Popen, str, str]:
     )
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "webapp.wsgi", "-b", f"127.0.0.1:{port}", "-w", "1"],
+        [
+            *(sys.executable, "-m", "gunicorn", "webapp.asgi", "-b", f"127.0.0.1:{port}"),
+            *("-k", "uvicorn_worker.UvicornWorker", "-w", "1"),
+        ],
         env=env,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,

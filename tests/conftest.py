@@ -44,7 +44,7 @@ def saved(run: str = "run-1", step: int = 100, t: float = 0, **fields) -> dict:
     return event("checkpoint.saved", run=run, t=t, **body)
 
 
-class WsgiResponse:
+class Answer:
     """What a test reads of an answer: status_code, json(), headers by name."""
 
     def __init__(self, status: str, headers: list[tuple[str, str]], body: bytes):
@@ -59,48 +59,6 @@ class WsgiResponse:
         return self.headers[name.lower()]
 
 
-def call_wsgi(path: str, body: bytes, headers: dict[str, str], method: str = "POST"):
-    """One request through webapp.wsgi.application, the callable gunicorn serves, in this
-    process (so inside the test's transaction)."""
-    import io
-
-    from webapp.wsgi import application
-
-    environ = {
-        "REQUEST_METHOD": method,
-        "PATH_INFO": path,
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "SERVER_NAME": "testserver",
-        "SERVER_PORT": "80",
-        "SERVER_PROTOCOL": "HTTP/1.1",
-        "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(body),
-        "wsgi.errors": io.StringIO(),
-        "CONTENT_LENGTH": str(len(body)),
-        "CONTENT_TYPE": "application/json",
-    }
-    for name, value in headers.items():
-        environ["HTTP_" + name.upper().replace("-", "_")] = value
-    from django.core import signals
-    from django.db import close_old_connections
-
-    # As Django's test client does: the connection holds the test's transaction, which
-    # closing it after the request would end.
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    started: list = []
-    try:
-        chunks = application(environ, lambda status, headers: started.extend([status, headers]))
-        body_out = b"".join(chunks)
-        if hasattr(chunks, "close"):
-            chunks.close()
-    finally:
-        signals.request_started.connect(close_old_connections)
-        signals.request_finished.connect(close_old_connections)
-    return WsgiResponse(started[0], started[1], body_out)
-
-
 def call_asgi(path: str, body: bytes, headers: dict[str, str], method: str = "POST"):
     """One request through webapp.asgi.application, the application production serves:
     its event loop runs in a thread of its own, as in a server, and the work it hands
@@ -109,12 +67,15 @@ def call_asgi(path: str, body: bytes, headers: dict[str, str], method: str = "PO
     import asyncio
     import threading
 
+    from django.core.wsgi import get_wsgi_application
+
     from webapp.api.ingest_asgi import IngestASGI
-    from webapp.wsgi import application
 
     global _asgi_app
     if _asgi_app is None:
-        _asgi_app = IngestASGI(application, threads=1, executor=_CallerExecutor())
+        # webapp.asgi's application, with a pool that runs in this thread.
+        pages = get_wsgi_application()
+        _asgi_app = IngestASGI(pages, threads=1, executor=_CallerExecutor())
     pieces = [body[i : i + 65536] for i in range(0, len(body), 65536)] or [b""]
     messages = [
         {"type": "http.request", "body": piece, "more_body": i < len(pieces) - 1}
@@ -155,7 +116,8 @@ def call_asgi(path: str, body: bytes, headers: dict[str, str], method: str = "PO
     from django.core import signals
     from django.db import close_old_connections
 
-    # As in call_wsgi: Django's other routes must not close the test's connection.
+    # As Django's test client does: the connection holds the test's transaction, which
+    # closing it after a request to Django's other routes would end.
     signals.request_started.disconnect(close_old_connections)
     signals.request_finished.disconnect(close_old_connections)
     loop_thread = threading.Thread(target=serve)
@@ -169,7 +131,7 @@ def call_asgi(path: str, body: bytes, headers: dict[str, str], method: str = "PO
     if failed:
         raise failed[0]
     start = sent[0]
-    return WsgiResponse(
+    return Answer(
         str(start["status"]),
         [(k.decode(), v.decode()) for k, v in start["headers"]],
         b"".join(m.get("body", b"") for m in sent[1:]),

@@ -1,87 +1,133 @@
-"""POST /api/v1/events has two doors: webapp/api/ingest_asgi.py, which production
-serves (every other in-process test of events goes through it), and the ninja view
-behind Django's request cycle (the OpenAPI document; webapp.wsgi for a plain WSGI
-server; Django's test client). They must give the same answers; only the view goes
-through Django's middleware."""
+"""POST /api/v1/events has one door: webapp/api/ingest_asgi.py, the ASGI application
+production serves, which every in-process test of events goes through (call_asgi). What
+it answers, what it leaves to Django, and that the OpenAPI document describes it."""
 
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
+import sys
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
-from tests.conftest import call_asgi, call_wsgi, event, saved
+from tests.conftest import call_asgi, event, saved
 
 pytestmark = pytest.mark.django_db
 
-CASES = {
-    "bad json": ({}, b'{"id": "x", "type": '),
-    "empty body": ({}, b""),
-    "neither event nor batch": ({}, b"[1, 2]"),
-    "unknown type": ({}, json.dumps({"events": [saved(step=1), event("run.exploded")]})),
-    "missing field": ({}, json.dumps({k: v for k, v in saved().items() if k != "run"})),
-    "wrong type": ({}, json.dumps(saved(step="5"))),
-    "empty batch": ({}, b'{"events": []}'),
-    "batch too large": ({}, json.dumps({"events": [saved(step=i) for i in range(1001)]})),
-    "bad gzip": ({"Content-Encoding": "gzip"}, b"not gzip"),
-    "unknown encoding": ({"Content-Encoding": "br"}, json.dumps(saved())),
-    "gzip": ({"Content-Encoding": "gzip"}, gzip.compress(json.dumps(saved(step=7)).encode())),
-    "NUL in a string": ({}, json.dumps(saved(run="a\u0000b"))),
-    # Read on the event loop, stored in the pool (GROUP_BELOW events or more, under 64 KiB).
-    "batch": ({}, json.dumps({"events": [saved(step=i) for i in range(120)]})),
+BAD = {
+    # case: (headers, body, status, the answer's JSON)
+    "bad json": ({}, b'{"id": "x", "type": ', 400, "body is not valid JSON"),
+    "empty body": ({}, b"", 400, 'empty body: send one event or {"events": [...]}'),
+    "neither event nor batch": (
+        {}, b"[1, 2]", 400, 'body must be one event object or {"events": [...]}'
+    ),
+    "empty batch": ({}, b'{"events": []}', 400, "events is empty"),
+    "batch too large": (
+        {},
+        json.dumps({"events": [saved(step=i) for i in range(1001)]}),
+        413,
+        "a batch holds at most 1000 events; got 1001",
+    ),
+    "bad gzip": ({"Content-Encoding": "gzip"}, b"not gzip", 400, "body is not valid gzip"),
+    "unknown encoding": (
+        {"Content-Encoding": "br"},
+        json.dumps(saved()),
+        415,
+        "Content-Encoding 'br' is not supported; use gzip",
+    ),
+    "NUL in a string": (
+        {}, json.dumps(saved(run="a\u0000b")), 400, "strings must not contain NUL (\\u0000)"
+    ),
+}  # fmt: skip
+
+NAMED = {
+    # case: (body, index, field): a bad event of a batch is named
+    "unknown type": (json.dumps({"events": [saved(step=1), event("run.exploded")]}), 1, "type"),
+    "missing field": (json.dumps({k: v for k, v in saved().items() if k != "run"}), 0, "run"),
+    "wrong type": (json.dumps(saved(step="5")), 0, "step"),
 }
 
 
-def _via_django(client, body: bytes, headers: dict):
-    extra = {"HTTP_" + k.upper().replace("-", "_"): v for k, v in headers.items()}
-    return client.post("/api/v1/events", data=body, content_type="application/json", **extra)
+def _auth(token: str, **headers) -> dict:
+    return {"Authorization": f"Bearer {token}", **headers}
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_both_doors_give_the_same_answer(client, token, case):
-    headers, body = CASES[case]
+def _json_headers(answer) -> None:
+    assert answer["content-type"] == "application/json"
+    assert answer["x-content-type-options"] == "nosniff"
+    # Django's clickjacking middleware marks what went through Django; the route does not.
+    assert "x-frame-options" not in answer.headers
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_request_is_refused_with_its_reason_and_nothing_is_stored(token, case):
+    from webapp.domain.models import Event
+
+    headers, body, status, message = BAD[case]
     body = body.encode() if isinstance(body, str) else body
-    headers = {"Authorization": f"Bearer {token}", **headers}
-    asgi = call_asgi("/api/v1/events", body, headers)
-    wsgi = call_wsgi("/api/v1/events", body, headers)
-    view = _via_django(client, body, headers)
-    assert asgi.status_code == wsgi.status_code == view.status_code
-    if case in ("gzip", "batch"):  # the same events three times: created, then duplicates
-        created = asgi.json()["created"]
-        assert created >= 1 and wsgi.json()["duplicates"] == view.json()["duplicates"] == created
-    else:
-        assert asgi.json() == wsgi.json() == view.json()
-    for name in ("content-type", "x-content-type-options"):
-        assert asgi.headers[name] == wsgi.headers[name] == view[name]
-    # Django's clickjacking middleware marks what went through Django, not the loop's.
-    assert "x-frame-options" not in asgi.headers
-    assert view.has_header("X-Frame-Options")
+    answer = call_asgi("/api/v1/events", body, _auth(token, **headers))
+    assert answer.status_code == status
+    assert answer.json()["error"].startswith(message), answer.json()
+    _json_headers(answer)
+    assert not Event.objects.exists()
+
+
+@pytest.mark.parametrize("case", sorted(NAMED))
+def test_a_bad_event_is_named_by_its_index_and_field(token, case):
+    from webapp.domain.models import Event
+
+    body, index, field = NAMED[case]
+    answer = call_asgi("/api/v1/events", body.encode(), _auth(token))
+    assert answer.status_code == 400
+    assert (answer.json()["index"], answer.json()["field"]) == (index, field)
+    assert not Event.objects.exists()
 
 
 @pytest.mark.parametrize(
-    ("authorization", "status"),
-    [(None, 401), ("Basic abc", 401), ("Bearer lb_unknown", 401), ("Bearer", 401), ("read", 403)],
+    ("case", "headers", "body", "count"),
+    [
+        ("one event", {}, json.dumps(saved(step=7)).encode(), 1),
+        ("gzip", {"Content-Encoding": "gzip"}, gzip.compress(json.dumps(saved()).encode()), 1),
+        # Read on the event loop, stored in the pool (GROUP_BELOW events or more).
+        ("batch", {}, json.dumps({"events": [saved(step=i) for i in range(120)]}).encode(), 120),
+    ],
 )
-def test_both_doors_refuse_the_same_tokens(client, token, read_token, authorization, status):
+def test_events_are_stored_once_and_a_repeat_is_a_duplicate(token, case, headers, body, count):
+    first = call_asgi("/api/v1/events", body, _auth(token, **headers))
+    again = call_asgi("/api/v1/events", body, _auth(token, **headers))
+    assert first.status_code == again.status_code == 202
+    assert (first.json()["created"], first.json()["duplicates"]) == (count, 0)
+    assert (again.json()["created"], again.json()["duplicates"]) == (0, count)
+    assert {r["status"] for r in again.json()["results"]} == {"duplicate"}
+    _json_headers(first)
+
+
+@pytest.mark.parametrize(
+    ("authorization", "status", "message"),
+    [
+        (None, 401, "missing API token"),
+        ("Basic abc", 401, "missing API token"),
+        ("Bearer", 401, "unknown or revoked API token"),
+        ("Bearer lb_unknown", 401, "unknown or revoked API token"),
+        ("read", 403, "this token lacks the 'ingest' scope (it has: read)"),
+    ],
+)
+def test_a_request_without_an_ingest_token_is_refused(read_token, authorization, status, message):
     if authorization == "read":
         authorization = f"Bearer {read_token}"
     headers = {"Authorization": authorization} if authorization else {}
-    body = json.dumps(saved()).encode()
-    asgi = call_asgi("/api/v1/events", body, headers)
-    wsgi = call_wsgi("/api/v1/events", body, headers)
-    view = _via_django(client, body, headers)
-    assert (asgi.status_code, asgi.json()) == (view.status_code, view.json())
-    assert (wsgi.status_code, wsgi.json()) == (view.status_code, view.json())
-    assert view.status_code == status
+    answer = call_asgi("/api/v1/events", json.dumps(saved()).encode(), headers)
+    assert answer.status_code == status
+    assert answer.json()["error"].startswith(message)
     if status == 401:
-        assert asgi["WWW-Authenticate"] == wsgi["WWW-Authenticate"] == view["WWW-Authenticate"]
+        assert answer["WWW-Authenticate"] == 'Bearer realm="lifeboat"'
 
 
-@pytest.mark.parametrize("door", [call_asgi, call_wsgi])
-def test_a_body_over_the_limit_is_refused_before_it_is_read(token, settings, door):
+def test_a_body_over_the_limit_is_refused_before_it_is_read(token, settings):
     settings.EVENTS_MAX_BODY_BYTES = 2048
-    answer = door("/api/v1/events", b"x" * 4096, {"Authorization": f"Bearer {token}"})
+    answer = call_asgi("/api/v1/events", b"x" * 4096, _auth(token))
     assert answer.status_code == 413
     assert answer.json() == {"error": "request body is 4096 bytes; the limit is 2048"}
 
@@ -91,18 +137,47 @@ def test_a_batch_in_many_pieces_is_read_whole(api, token):
     batch = {"events": [saved(step=i) for i in range(600)]}
     body = json.dumps(batch).encode()
     assert len(body) > 3 * 65536
-    answer = call_asgi("/api/v1/events", body, {"Authorization": f"Bearer {token}"})
+    answer = call_asgi("/api/v1/events", body, _auth(token))
     assert answer.status_code == 202 and answer.json()["created"] == 600
 
 
-@pytest.mark.parametrize("door", [call_asgi, call_wsgi])
-def test_other_paths_and_methods_go_to_django(token, door):
-    listed = door("/api/v1/runs", b"", {"Authorization": f"Bearer {token}"}, method="GET")
+def test_other_methods_on_the_route_are_refused_and_other_paths_go_to_django(token):
+    for method in ("GET", "PUT", "DELETE"):
+        wrong = call_asgi("/api/v1/events", b"", _auth(token), method=method)
+        assert wrong.status_code == 405 and wrong["Allow"] == "POST"
+        assert wrong.json() == {
+            "error": f"{method} is not allowed at /api/v1/events; allowed: POST"
+        }
+    listed = call_asgi("/api/v1/runs", b"", _auth(token), method="GET")
     assert listed.status_code == 200 and "x-frame-options" in listed.headers
     assert listed.json()["runs"] == []
-    # GET on the events route is Django's (ninja answers 405 for a method it lacks).
-    wrong = door("/api/v1/events", b"", {"Authorization": f"Bearer {token}"}, method="GET")
-    assert wrong.status_code == 405
+    # Not the route: a trailing slash is Django's, and no endpoint there.
+    slashed = call_asgi("/api/v1/events/", b"{}", _auth(token))
+    assert slashed.status_code == 404 and slashed.json()["error"].startswith("no API endpoint")
+
+
+def test_the_openapi_document_describes_what_the_door_answers(client, token):
+    doc = client.get("/api/v1/openapi.json").json()
+    operation = doc["paths"]["/api/v1/events"]["post"]
+    assert operation["security"] == [{"TokenAuth": []}]
+    assert set(operation["responses"]) == {"202", "400", "401", "403", "413", "415"}
+    schemas = doc["components"]["schemas"]
+    accepted = call_asgi("/api/v1/events", json.dumps(saved()).encode(), _auth(token)).json()
+    assert set(accepted) == set(schemas["IngestOut"]["required"])
+    assert set(accepted["results"][0]) == set(schemas["EventResult"]["required"])
+    refused = call_asgi("/api/v1/events", json.dumps(saved(step="x")).encode(), _auth(token))
+    assert set(refused.json()) <= set(schemas["EventErrorOut"]["properties"])
+    # The body: one event of any type, or a batch of them.
+    body = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert body["oneOf"][0] == {"$ref": "#/components/schemas/AnyEvent"}
+    assert "CheckpointSaved" in json.dumps(schemas["AnyEvent"])
+
+
+def test_webapp_wsgi_refuses_to_serve_and_names_the_command_to_use():
+    # A WSGI server pointed at webapp.wsgi would serve the pages and drop every event.
+    sys.modules.pop("webapp.wsgi", None)
+    with pytest.raises(ImproperlyConfigured, match="gunicorn webapp.asgi -k"):
+        importlib.import_module("webapp.wsgi")
 
 
 @pytest.mark.django_db(transaction=True)

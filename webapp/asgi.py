@@ -1,7 +1,7 @@
 """What production serves: gunicorn with uvicorn workers (`gunicorn webapp.asgi -k
 uvicorn_worker.UvicornWorker`). POST /api/v1/events is answered on each worker's event
 loop; everything else is Django's WSGI application in a pool of WEB_THREADS threads
-(why: webapp/api/ingest_asgi.py). webapp.wsgi stays for plain WSGI servers."""
+(why: webapp/api/ingest_asgi.py). This is the only entry point: there is no WSGI one."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import os
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 from django.conf import settings  # noqa: E402
+from django.core.wsgi import get_wsgi_application  # noqa: E402
 
-import webapp.wsgi  # noqa: E402  (sets Django up, before the models are imported)
+django_pages = get_wsgi_application()  # sets Django up, before the models are imported
 from webapp.api.ingest_asgi import IngestASGI  # noqa: E402
 
-application = IngestASGI(webapp.wsgi.application, threads=settings.WEB_THREADS)
+application = IngestASGI(django_pages, threads=settings.WEB_THREADS)
 
 # The collector, tuned for ingest: a 1000-event batch makes about a hundred thousand
 # container objects, and with the default thresholds (700, 10, 10) the collector ran many

@@ -1,11 +1,12 @@
-"""Django's WSGI application, for plain WSGI servers. Production serves webapp.asgi,
-which answers POST /api/v1/events on its event loop; here the ninja view does."""
+"""Not a way to serve Lifeboat: it is an ASGI application (webapp/asgi.py), whose event
+loop answers POST /api/v1/events, the route every training job depends on. A WSGI server
+pointed here would serve every page but drop every event, so it is refused with the
+command to use instead (Django's runserver reads WSGI_APPLICATION, which names this)."""
 
-from __future__ import annotations
+from django.core.exceptions import ImproperlyConfigured
 
-import os
-
-from django.core.wsgi import get_wsgi_application
-
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
-application = get_wsgi_application()
+raise ImproperlyConfigured(
+    "Lifeboat is served as an ASGI application: `gunicorn webapp.asgi -k "
+    "uvicorn_worker.UvicornWorker` (what `make run` starts; docs/deployment.md). "
+    "webapp.wsgi is not an entry point: POST /api/v1/events is answered only there."
+)

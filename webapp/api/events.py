@@ -1,4 +1,8 @@
-"""POST /api/v1/events: the endpoint every training job depends on (docs/api.md)."""
+"""POST /api/v1/events, the endpoint every training job depends on (docs/api.md): its
+steps and its description in the OpenAPI document. Its one door is the ASGI application
+production serves (webapp/api/ingest_asgi.py), which takes these steps; no Django view
+answers the route, so the document, the tests and production describe and run one
+thing."""
 
 from __future__ import annotations
 
@@ -7,15 +11,13 @@ import zlib
 
 import orjson
 from django.conf import settings
-from django.http import HttpResponse
-from ninja import Router, Schema
+from ninja import Schema
 
-from webapp.api.auth import ingest_auth
 from webapp.api.errors import ApiError, ErrorOut
 from webapp.domain.ingest.apply import ingest
 from webapp.domain.ingest.event_schema import EventError, parse_event
 
-router = Router(tags=["events"])
+PATH = "/api/v1/events"
 
 
 class EventResult(Schema):
@@ -54,6 +56,47 @@ _BATCH_SCHEMA = {
         },
     ]
 }
+
+
+def _json_answer(description: str, schema: str) -> dict:
+    ref = {"$ref": f"#/components/schemas/{schema}"}
+    return {"description": description, "content": {"application/json": {"schema": ref}}}
+
+
+def describe(schema: dict) -> dict:
+    """Adds the route to the API's OpenAPI document `schema` (with the models of its
+    answers; the event models are added beside the others'); returns `schema`."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in (IngestOut, EventErrorOut, ErrorOut):
+        model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(model_schema.pop("$defs", {}))
+        components.setdefault(model.__name__, model_schema)
+    operation = {
+        "post": {
+            "operationId": "post_events",
+            "summary": "Send one event or a batch of up to EVENTS_MAX_BATCH (1000)",
+            "description": "Idempotent by event id: a repeat is accepted and changes nothing. "
+            "A bad event rejects the whole request (nothing is stored) with the index and "
+            "field named.",
+            "tags": ["events"],
+            "security": [{"TokenAuth": []}],
+            "parameters": [],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _BATCH_SCHEMA}},
+            },
+            "responses": {
+                "202": _json_answer("Accepted", "IngestOut"),
+                "400": _json_answer("Bad Request", "EventErrorOut"),
+                "401": _json_answer("Unauthorized", "ErrorOut"),
+                "403": _json_answer("Forbidden", "ErrorOut"),
+                "413": _json_answer("Request Entity Too Large", "ErrorOut"),
+                "415": _json_answer("Unsupported Media Type", "ErrorOut"),
+            },
+        }
+    }
+    schema["paths"] = {PATH: operation, **schema.get("paths", {})}  # first, as in docs/api.md
+    return schema
 
 
 def read_body(declared: str | None, encoding: str, read) -> bytes:
@@ -134,43 +177,11 @@ def _unwrap(payload) -> list:
     raise ApiError(400, 'body must be one event object or {"events": [...]}')
 
 
-@router.post(
-    "/events",
-    auth=ingest_auth,
-    response={
-        202: IngestOut,
-        400: EventErrorOut,
-        401: ErrorOut,
-        403: ErrorOut,
-        413: ErrorOut,
-        415: ErrorOut,
-    },
-    summary="Send one event or a batch of up to EVENTS_MAX_BATCH (1000)",
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": _BATCH_SCHEMA}},
-        }
-    },
-)
-def post_events(request):
-    """Idempotent by event id: a repeat is accepted and changes nothing. A bad event
-    rejects the whole request (nothing is stored) with the index and field named."""
-    body = accept_events(
-        request.auth,
-        request.META.get("CONTENT_LENGTH"),
-        request.headers.get("Content-Encoding", ""),
-        request.read,
-    )
-    return HttpResponse(body, status=202, content_type="application/json")
-
-
 def accept_events(token, declared: str | None, encoding: str, read) -> bytes:
     """The whole of POST /api/v1/events after authentication: read, check, store.
 
-    Returns the 202 body; raises ApiError for anything refused. The view above (the
-    OpenAPI document, a plain WSGI server) and webapp/api/ingest_asgi.py (production, the
-    tests), for a body it does not read on its event loop; for the others it takes the
+    Returns the 202 body; raises ApiError for anything refused. webapp/api/ingest_asgi.py
+    calls it for a body it does not read on its event loop; for the others it takes the
     same steps (decode_events, parse_events, answer) with the group committer between."""
     raw_events, finite = decode_events(declared, encoding, read)
     return store_events(token, raw_events, finite)

@@ -1,9 +1,9 @@
-"""Lifeboat as an ASGI application: POST /api/v1/events on the event loop, every other
-request Django's, in a pool of threads. The one door of that route in production
-(gunicorn with uvicorn workers, webapp/asgi.py) and in the tests (tests/conftest.py's
-`api` fixture calls this application); the ninja view (webapp/api/events.py) describes
-the route in the OpenAPI document and serves it under a plain WSGI server. Both call the
-same steps of webapp/api/events.py.
+"""Lifeboat as an ASGI application, the one door of POST /api/v1/events: gunicorn with
+uvicorn workers serves it in production (webapp/asgi.py), and the tests call it
+(tests/conftest.py's `call_asgi`, under the `api` fixture). The route is answered on
+the event loop; every other request is Django's, in a pool of threads. No Django view
+answers the route, so no other server or test client can take another way in; the
+OpenAPI document describes it from webapp/api/events.py, whose steps it takes.
 
 Why on the event loop: with gunicorn's threaded workers a single event spent about a
 fifth of its CPU being handed between the threads of a process (the GIL, wake-ups),
@@ -19,8 +19,9 @@ loop: a token not in the cache, a batch of GROUP_BELOW events or more (it has it
 transaction; a body over ON_LOOP_BELOW bytes or compressed is decoded there too, since
 inflating and parsing megabytes would hold the loop), and every other route, which is
 Django's WSGI application unchanged (a2wsgi), with the same middleware and the same
-connection handling as under gunicorn's threads. Answers and errors are those of the
-ninja view; tests/test_ingest_doors.py compares them.
+connection handling as under gunicorn's threads. Sessions, CSRF and the other
+middlewares, which do not apply to a bearer-token JSON endpoint, are not run for the
+route; its answers are JSON like every other under /api/ (tests/test_ingest_door.py).
 """
 
 from __future__ import annotations
@@ -39,7 +40,14 @@ from django.db import connections
 
 from webapp.api.auth import MISSING_TOKEN, bearer_secret, token_with_scope
 from webapp.api.errors import ApiError
-from webapp.api.events import accept_events, answer, decode_events, parse_events, store_events
+from webapp.api.events import (
+    PATH,
+    accept_events,
+    answer,
+    decode_events,
+    parse_events,
+    store_events,
+)
 from webapp.domain.ingest.group_commit import GROUP_BELOW, GroupCommitter
 from webapp.domain.models import ApiToken
 from webapp.domain.validation.outbox import flush_outbox
@@ -47,7 +55,6 @@ from webapp.ops.latency import record
 
 log = logging.getLogger(__name__)
 
-PATH = "/api/v1/events"
 INTERNAL_ERROR = ApiError(500, "internal error; the server log has the details")
 ROUTE = "api/v1/events"  # the label Django's resolver gives it in the latency histogram
 
@@ -64,6 +71,8 @@ def response_headers(status: int, body: bytes) -> list[tuple[str, str]]:
     ]
     if status == 401:
         headers.append(("WWW-Authenticate", 'Bearer realm="lifeboat"'))
+    if status == 405:
+        headers.append(("Allow", "POST"))
     return headers
 
 
@@ -105,7 +114,7 @@ class IngestASGI:
         self._committers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST":
+        if scope["type"] == "http" and scope["path"] == PATH:
             await self._ingest(scope, receive, send)
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
@@ -130,6 +139,8 @@ class IngestASGI:
     async def _ingest(self, scope, receive, send) -> None:
         started = time.perf_counter()
         try:
+            if scope["method"] != "POST":
+                raise ApiError(405, f"{scope['method']} is not allowed at {PATH}; allowed: POST")
             status, body = await self._answer(dict(scope["headers"]), receive)
         except ApiError as exc:
             status, body = exc.status, error_body(exc)
@@ -139,7 +150,8 @@ class IngestASGI:
         headers = [(k.encode(), v.encode()) for k, v in response_headers(status, body)]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        record(ROUTE, "POST", time.perf_counter() - started)
+        if scope["method"] == "POST":  # a method named by the client is not a label
+            record(ROUTE, "POST", time.perf_counter() - started)
 
     async def _answer(self, headers: dict[bytes, bytes], receive) -> tuple[int, bytes]:
         loop = asyncio.get_running_loop()

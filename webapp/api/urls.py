@@ -13,15 +13,16 @@ from webapp.domain.ingest.event_schema import AnyEvent
 class LifeboatAPI(NinjaAPI):
     def get_openapi_schema(self, *args, **kwargs):
         schema = super().get_openapi_schema(*args, **kwargs)
-        # The events endpoint parses its body itself (to name the failing event's index),
-        # so the event models are added to the document by hand.
+        # POST /api/v1/events is answered before Django (webapp/api/ingest_asgi.py), so
+        # no ninja operation describes it: its description and its models (the event
+        # models, which it parses itself to name a failing event's index) are added here.
         event_schema = TypeAdapter(AnyEvent).json_schema(
             ref_template="#/components/schemas/{model}"
         )
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(event_schema.pop("$defs", {}))
         components["AnyEvent"] = event_schema
-        return declare_errors(schema)
+        return declare_errors(events.describe(schema))
 
 
 api = LifeboatAPI(
@@ -34,6 +35,5 @@ api = LifeboatAPI(
     parser=ObjectBodies(),
 )
 install_handlers(api)
-api.add_router("/", events.router)
 api.add_router("/", reads.router)
 api.add_router("/", actions.router)
