@@ -7,10 +7,12 @@
 What it measures, in one run on one machine (everything on 127.0.0.1):
 
 * Lifeboat under gunicorn on PostgreSQL (as deployed: uvicorn workers serving
-  webapp.asgi; or the WSGI application, webapp.wsgi) (database lifeboat_bench, Redis db 12 as the
+  webapp.asgi) (database lifeboat_bench, Redis db 12 as the
   Celery broker; no worker runs, the validation tasks pile up in Redis and are flushed at
   the end). A project and an ingest token are made with `manage.py create_project`.
-* Load from wrk (apt-get install -y wrk) with bench/ingest.lua: 8 connections, every
+* Load from wrk (apt-get install -y wrk) with bench/ingest.lua: 8 and 32 connections
+  (--connections; each server setting is tried with each, and a system's best setting is
+  its best pair, for MLflow too: thousands of jobs are thousands of clients), every
   request new `checkpoint.saved` events (unique UUIDs, unique increasing steps over 8
   runs, a location, two files with size and sha256, loss and lr):
     single   one event per request: events/s, p50 and p99 latency per request;
@@ -83,14 +85,18 @@ def measure(system, settings: list[Setting], args, modes: list[str]) -> dict[str
     setting of each mode again with the full duration. Returns the final phase per mode."""
     if len(settings) > 1:
         say(f"  trying {len(settings)} settings, {args.sweep_duration:.0f} s per phase:")
-        for setting in settings:
-            say(f"  {setting.label}")
-            system.start(setting)
+        for server in by_server(settings):
+            system.start(server[0])
             try:
-                for mode in modes:
-                    say(system.phase(setting, mode, args.sweep_duration).line())
+                for setting in server:
+                    say(f"  {setting.label}")
+                    for mode in modes:
+                        say(system.phase(setting, mode, args.sweep_duration).line())
             finally:
                 system.stop()
+        # The sweep left hundreds of thousands of rows; each system's measured phases
+        # start from an empty database, so neither pays for how many settings it tried.
+        system.fresh()
     final: dict[str, Phase] = {}
     by_best: dict[str, list[str]] = {}
     for mode in modes:
@@ -100,7 +106,7 @@ def measure(system, settings: list[Setting], args, modes: list[str]) -> dict[str
         setting = next(s for s in settings if s.label == label)
         say(f"  measured with {label} ({args.duration:.0f} s per phase, "
             f"{args.warmup:.0f} s warm-up):")  # fmt: skip
-        final_setting = Setting(label, setting.options)
+        final_setting = Setting(label, setting.options, connections=setting.connections)
         system.start(final_setting)
         try:
             for mode in best_modes:
@@ -114,6 +120,33 @@ def measure(system, settings: list[Setting], args, modes: list[str]) -> dict[str
     return final
 
 
+def by_server(settings: list[Setting]) -> list[list[Setting]]:
+    """The settings in groups that share a server setting (started once per group)."""
+    groups: list[list[Setting]] = []
+    for setting in settings:
+        if groups and groups[-1][0].options == setting.options:
+            groups[-1].append(setting)
+        else:
+            groups.append([setting])
+    return groups
+
+
+def with_connections(settings: list[Setting], connections: list[int]) -> list[Setting]:
+    """Each server setting with each number of client connections: a system's best
+    setting is its best server setting under its best load."""
+    return [s.with_connections(c) for s in settings for c in connections]
+
+
+def parse_connections(spec: str) -> list[int]:
+    try:
+        counts = [int(c) for c in spec.split(",") if c.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected positive counts, e.g. 8,32")
+    return counts
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
@@ -122,7 +155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=4, help="seconds of warm-up per phase")
     parser.add_argument("--sweep-duration", type=float, default=10,
                         help="seconds per phase while trying gunicorn settings")  # fmt: skip
-    parser.add_argument("--connections", type=int, default=8, help="wrk connections")
+    parser.add_argument("--connections", type=parse_connections, default=[8, 32],
+                        help="wrk connections to try with every server setting, e.g. 8,32 "
+                             "(default); each system keeps its best")  # fmt: skip
     parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads")
     parser.add_argument("--request-timeout", type=int, default=60, help="wrk --timeout (s)")
     parser.add_argument("--batch", type=int, default=1000, help="Lifeboat events per batch")
@@ -135,13 +170,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=parse_gunicorn,
         action="append",
         metavar="SPEC",
-        help="a gunicorn setting to try: asgi:N[xT] (uvicorn workers, webapp.asgi, as "
-        "deployed), sync:N or gthread:NxT (webapp.wsgi) (repeatable; default: asgi:1, asgi:2, "
-        "gthread:2x4)",
+        help="a gunicorn setting to try: asgi:N[xT] (N uvicorn workers serving webapp.asgi, "
+        "as deployed; T threads in each one's pool) (repeatable; default: asgi:1, asgi:2)",
     )
-    parser.add_argument("--gunicorn-workers", type=int,
-                        help="measure only this many workers (see --gunicorn-threads)")  # fmt: skip
-    parser.add_argument("--gunicorn-threads", type=int, default=1)
     parser.add_argument(
         "--mlflow",
         type=parse_mlflow,
@@ -166,21 +197,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.warmup = min(args.duration, 8), min(args.warmup, 2)
-        if not args.gunicorn and not args.gunicorn_workers:
-            args.gunicorn = [parse_gunicorn("asgi:1")]
-    if args.gunicorn_workers:
-        kind = "gthread" if args.gunicorn_threads > 1 else "sync"
-        size = f"{args.gunicorn_workers}x{args.gunicorn_threads}" if kind == "gthread" else ""
-        args.gunicorn = [parse_gunicorn(f"{kind}:{size or args.gunicorn_workers}")]
-    if not args.gunicorn:
-        # asgi: what production serves (uvicorn workers, webapp.asgi); gthread: the WSGI
-        # application with threads, for comparison.
-        args.gunicorn = [parse_gunicorn(s) for s in ("asgi:1", "asgi:2", "gthread:2x4")]
+        args.gunicorn = args.gunicorn or [parse_gunicorn("asgi:1")]
+    args.gunicorn = args.gunicorn or [parse_gunicorn(s) for s in ("asgi:1", "asgi:2")]
     args.modes = [m for m in args.modes.split(",") if m]
     if set(args.modes) - {"single", "batched"}:
         parser.error("--modes takes single and/or batched")
-    if args.connections < 1 or args.runs < 1 or args.batch < 1:
-        parser.error("--connections, --runs and --batch must be positive")
+    if args.runs < 1 or args.batch < 1:
+        parser.error("--runs and --batch must be positive")
     return args
 
 
@@ -202,7 +225,7 @@ def run_lifeboat(args: argparse.Namespace) -> tuple[list[Setting], dict[str, Pha
     lifeboat.prepare()
     say("  migrated; `manage.py create_project bench --scopes ingest,read "
         "--quiet-token` gave the token")  # fmt: skip
-    settings = args.gunicorn
+    settings = with_connections(args.gunicorn, args.connections)
     final = measure(lifeboat, settings, args, args.modes)
     queued = queued_checkpoint_ids()
     with pg_connect(LIFEBOAT_DB) as conn:
@@ -221,7 +244,8 @@ def run_mlflow(
     mlflow = MLflow(args)
     say("")
     mlflow.prepare()
-    settings = args.mlflow or default_mlflow_settings(lifeboat_settings, lifeboat_final, args.quick)
+    servers = args.mlflow or default_mlflow_settings(lifeboat_settings, lifeboat_final, args.quick)
+    settings = with_connections(servers, args.connections)
     say(
         f"MLflow {mlflow.version} ({MLFLOW_VENV.relative_to(ROOT)}: pip install "
         f"mlflow psycopg2-binary) on PostgreSQL ({MLFLOW_DB}): `mlflow server "
@@ -240,9 +264,10 @@ def run(args: argparse.Namespace) -> int:
     say("Lifeboat ingest benchmark")
     say(machine_summary())
     say(
-        f"load: wrk, {args.connections} connections, {min(args.wrk_threads, args.connections)}"
-        f" thread(s); every request new checkpoint.saved events (unique UUIDs, unique "
-        f"steps, {args.runs} runs, 2 files each with size and sha256, loss and lr)"
+        f"load: wrk with {' or '.join(map(str, args.connections))} connections, "
+        f"{args.wrk_threads} thread(s) at most; every request new checkpoint.saved events "
+        f"(unique UUIDs, unique steps, {args.runs} runs, 2 files each "
+        f"with size and sha256, loss and lr)"
     )
     redis_client().flushdb()
     lifeboat_settings: list[Setting] = []

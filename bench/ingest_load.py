@@ -85,11 +85,13 @@ class WrkResult:
     first_bad: str
 
 
-def run_wrk(url: str, args: argparse.Namespace, duration: float, lua_args: list[str]) -> WrkResult:
+def run_wrk(
+    url: str, args: argparse.Namespace, duration: float, lua_args: list[str], connections: int
+) -> WrkResult:
     assert url.startswith("http://127.0.0.1:"), url
-    threads = min(args.wrk_threads, args.connections)
+    threads = min(args.wrk_threads, connections)
     cmd = [
-        "wrk", f"-t{threads}", f"-c{args.connections}", f"-d{max(1, round(duration))}s",
+        "wrk", f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration))}s",
         f"--timeout={args.request_timeout}s", "-s", str(LUA), url, "--",
         f"threads={threads}", *lua_args,
     ]  # fmt: skip
@@ -173,9 +175,15 @@ class Phase:
 
 @dataclass
 class Setting:
+    """A server setting and the number of connections wrk keeps open to it."""
+
     label: str
     options: dict = field(default_factory=dict)
     results: dict[str, Phase] = field(default_factory=dict)
+    connections: int = 8
+
+    def with_connections(self, connections: int) -> Setting:
+        return Setting(f"{self.label}, {connections} conns", self.options, {}, connections)
 
 
 def check_stored(
@@ -213,7 +221,9 @@ class System:
     def lua_args(self, batch: int) -> list[str]:
         raise NotImplementedError
 
-    def check(self, wrk: WrkResult, batch: int, delta: dict[str, int]) -> tuple[str, bool]:
+    def check(
+        self, wrk: WrkResult, batch: int, delta: dict[str, int], connections: int
+    ) -> tuple[str, bool]:
         raise NotImplementedError
 
     def next_step_base(self) -> int:
@@ -243,11 +253,12 @@ class System:
     def _phase(self, setting: Setting, mode: str, duration: float) -> Phase:
         batch = self.batch_size(mode)
         pgid = PROCS.running[self.process].pid
-        run_wrk(self.url, self.args, self.args.warmup, self.lua_args(batch))
+        conns = setting.connections
+        run_wrk(self.url, self.args, self.args.warmup, self.lua_args(batch), conns)
         wait_idle(pgid)
         before = pg_counts(self.database, self.counts)
         cpu_before = cpu_snapshot(pgid)
-        result = run_wrk(self.url, self.args, duration, self.lua_args(batch))
+        result = run_wrk(self.url, self.args, duration, self.lua_args(batch), conns)
         cpu = cpu_usage(cpu_before, cpu_snapshot(pgid))
         wait_idle(pgid)
         after = pg_counts(self.database, self.counts)
@@ -256,5 +267,6 @@ class System:
                 f"{self.name} answered no request with success in the {mode} phase; the first "
                 f"answer: {result.first_bad!r}; see {LOG_DIR / self.process}.log"
             )
-        check, ok = self.check(result, batch, {k: after[k] - before[k] for k in after})
+        delta = {k: after[k] - before[k] for k in after}
+        check, ok = self.check(result, batch, delta, conns)
         return Phase(self.name, setting.label, mode, batch, result, check, ok, cpu)

@@ -45,7 +45,7 @@ def print_table(lifeboat: dict[str, Phase], mlflow: dict[str, Phase], args) -> l
     say("")
     say("Results (events/s = answered requests x events per request / measured seconds;")
     say("latency per request, as wrk measured it)")
-    header = f"{'system':<9} {'mode':<8} {'server setting':<36} {'ev/req':>6} {'events/s':>10} "
+    header = f"{'system':<9} {'mode':<8} {'server setting':<46} {'ev/req':>6} {'events/s':>10} "
     header += f"{'p50 ms':>9} {'p99 ms':>9} {'LB/MLflow':>9}  stored"
     say(header)
     say("-" * len(header))
@@ -59,7 +59,7 @@ def print_table(lifeboat: dict[str, Phase], mlflow: dict[str, Phase], args) -> l
                 ratio = f"{phase.events_per_s / mlflow[mode].events_per_s:.1f}x"
             setting = phase.setting.removeprefix("mlflow ")
             say(
-                f"{system:<9} {mode:<8} {setting:<36} {phase.batch:>6} "
+                f"{system:<9} {mode:<8} {setting:<46} {phase.batch:>6} "
                 f"{phase.events_per_s:>10,.0f} {phase.wrk.p50_ms:>9,.1f} "
                 f"{phase.wrk.p99_ms:>9,.1f} {ratio:>9}  {'OK' if phase.check_ok else 'CHECK'}"
             )
@@ -111,7 +111,7 @@ def print_settings_tried(
                 f"p99 {p.wrk.p99_ms:,.1f} ms)"
                 for m, p in setting.results.items()
             )
-            say(f"  {setting.label:<38} {figures}")
+            say(f"  {setting.label:<48} {figures}")
 
 
 def storage_check(phases: list[Phase]) -> bool:

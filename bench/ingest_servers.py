@@ -41,6 +41,7 @@ from ingest_load import (
     new_nonce,
     pg_connect,
     recreate_database,
+    redis_client,
 )
 
 # --- Lifeboat ---------------------------------------------------------------------------
@@ -95,23 +96,22 @@ class Lifeboat(System):
         if not self.token or " " in self.token:
             raise BenchError(f"create_project printed {out!r}, not a token")
 
+    def fresh(self) -> None:
+        """An empty database and broker, as before the first phase."""
+        self.prepare()
+        redis_client().flushdb()
+
     def start(self, setting: Setting) -> None:
         o = setting.options
-        env = self.env
-        if o["worker_class"] == "asgi":
-            # What make run and docker-compose.yml serve: uvicorn workers under gunicorn.
-            app, worker_class = "webapp.asgi:application", "uvicorn_worker.UvicornWorker"
-            env = {**env, "WEB_THREADS": str(o["threads"])}
-            reuse_port = ["--reuse-port"]
-        else:
-            app, worker_class = "webapp.wsgi:application", o["worker_class"]
-            reuse_port = []
+        # What make run and docker-compose.yml serve: uvicorn workers under gunicorn.
+        app, worker_class = "webapp.asgi:application", "uvicorn_worker.UvicornWorker"
+        env = {**self.env, "WEB_THREADS": str(o["threads"])}
         cmd = [
             self.gunicorn, app,
             "--bind", f"127.0.0.1:{self.args.lifeboat_port}",
             "--worker-class", worker_class, "--workers", str(o["workers"]),
             "--threads", str(o["threads"]), "--timeout", "120", "--graceful-timeout", "10",
-            "--backlog", "2048", "--log-level", "warning", "--no-control-socket", *reuse_port,
+            "--backlog", "2048", "--log-level", "warning", "--no-control-socket", "--reuse-port",
         ]  # fmt: skip
         proc = PROCS.start(self.process, cmd, env)
         wait_http(f"{self.url}/api/v1/openapi.json", proc, self.process, 60)
@@ -126,8 +126,10 @@ class Lifeboat(System):
             f"mix={1 if self.args.mix_runs else 0}",
         ]  # fmt: skip
 
-    def check(self, wrk: WrkResult, batch: int, delta: dict[str, int]) -> tuple[str, bool]:
-        text, ok = check_stored(wrk, batch, delta["events"], "events", self.args.connections)
+    def check(
+        self, wrk: WrkResult, batch: int, delta: dict[str, int], connections: int
+    ) -> tuple[str, bool]:
+        text, ok = check_stored(wrk, batch, delta["events"], "events", connections)
         same = delta["checkpoints"] == delta["events"] and delta["files"] == 2 * delta["events"]
         text += (
             f"; {delta['checkpoints']:,} checkpoints, {delta['files']:,} files "
@@ -213,6 +215,11 @@ class MLflow(System):
         self.version = ensure_mlflow_venv()
         recreate_database(MLFLOW_DB)
 
+    def fresh(self) -> None:
+        """An empty database (the server makes its tables and runs at its next start)."""
+        recreate_database(MLFLOW_DB)
+        self.run_ids = []
+
     def start(self, setting: Setting) -> None:
         artifacts = LOG_DIR / "mlflow-artifacts"
         artifacts.mkdir(parents=True, exist_ok=True)
@@ -250,10 +257,12 @@ class MLflow(System):
             f"nonce={new_nonce()}", f"step_base={self.next_step_base()}",
         ]  # fmt: skip
 
-    def check(self, wrk: WrkResult, batch: int, delta: dict[str, int]) -> tuple[str, bool]:
+    def check(
+        self, wrk: WrkResult, batch: int, delta: dict[str, int], connections: int
+    ) -> tuple[str, bool]:
         metrics, tags = delta["metrics"], delta["tags"]
         events = metrics // MLFLOW_METRICS_PER_EVENT
-        text, ok = check_stored(wrk, batch, events, "events", self.args.connections)
+        text, ok = check_stored(wrk, batch, events, "events", connections)
         same = metrics == MLFLOW_METRICS_PER_EVENT * events
         same = same and tags == MLFLOW_TAGS_PER_EVENT * events
         text += f"; {metrics:,} metric rows, {tags:,} tag rows [{'OK' if same else 'MISMATCH'}]"
@@ -264,23 +273,19 @@ class MLflow(System):
 
 
 def parse_gunicorn(spec: str) -> Setting:
-    """sync:2 (2 sync workers), gthread:2x4 (2 workers with 4 threads each) or asgi:2
-    (2 uvicorn workers serving webapp.asgi, as deployed; asgi:2x8 sets WEB_THREADS)."""
+    """asgi:2 (2 uvicorn workers serving webapp.asgi, as deployed; asgi:2x8 sets
+    WEB_THREADS, the threads of each worker's pool)."""
     try:
         kind, _, size = spec.partition(":")
-        if kind == "sync":
-            workers, threads = int(size), 1
-        elif kind == "gthread" or (kind == "asgi" and "x" in size):
-            workers, threads = (int(x) for x in size.split("x"))
-        elif kind == "asgi":
-            workers, threads = int(size), 8
-        else:
+        if kind != "asgi":
             raise ValueError(kind)
+        workers, _, threads = size.partition("x")
+        workers, threads = int(workers), int(threads or 8)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{spec!r}: expected sync:WORKERS, gthread:WORKERSxTHREADS or asgi:WORKERS[xTHREADS]"
+            f"{spec!r}: expected asgi:WORKERS[xTHREADS] (webapp.asgi, the one entry point)"
         ) from None
-    label = f"gunicorn {kind} workers={workers}" + (f" threads={threads}" if threads > 1 else "")
+    label = f"gunicorn asgi workers={workers} threads={threads}"
     return Setting(label, {"worker_class": kind, "workers": workers, "threads": threads})
 
 
