@@ -33,6 +33,14 @@ def recreate_database(name: str) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
 
 
+def checkpoint_postgres() -> None:
+    """PostgreSQL writes out what is dirty now (CHECKPOINT), so the next phase does not
+    pay for an earlier one's writes: the checkpoint a sweep's million rows bring due, and
+    the full-page images each page's first change after it puts in the WAL."""
+    with pg_connect("postgres") as conn:
+        conn.execute("CHECKPOINT")
+
+
 def drop_database(name: str) -> None:
     with pg_connect("postgres") as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

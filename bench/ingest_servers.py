@@ -38,6 +38,7 @@ from ingest_load import (
     System,
     WrkResult,
     check_stored,
+    checkpoint_postgres,
     new_nonce,
     pg_connect,
     recreate_database,
@@ -100,6 +101,7 @@ class Lifeboat(System):
         """An empty database and broker, as before the first phase."""
         self.prepare()
         redis_client().flushdb()
+        checkpoint_postgres()
 
     def start(self, setting: Setting) -> None:
         o = setting.options
@@ -219,6 +221,7 @@ class MLflow(System):
         """An empty database (the server makes its tables and runs at its next start)."""
         recreate_database(MLFLOW_DB)
         self.run_ids = []
+        checkpoint_postgres()
 
     def start(self, setting: Setting) -> None:
         artifacts = LOG_DIR / "mlflow-artifacts"
