@@ -60,6 +60,36 @@ def setup_django(var: Path) -> None:
     call_command("migrate", verbosity=0)
 
 
+def s3_client(endpoint: str):
+    """A plain boto3 client of the bench's S3 server (the baselines' and the setup's), with
+    connections enough for the baselines' threads."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"],
+        config=Config(max_pool_connections=64),
+    )  # fmt: skip
+
+
+def rclone_env(endpoint: str) -> dict[str, str]:
+    """rclone's remote `bench:` for the bench's S3 server, set by variables (no config file)."""
+    env = {
+        **os.environ,
+        "RCLONE_CONFIG_BENCH_TYPE": "s3",
+        "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
+        "RCLONE_CONFIG_BENCH_ENDPOINT": endpoint,
+        "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": os.environ["S3_ACCESS_KEY_ID"],
+        "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": os.environ["S3_SECRET_ACCESS_KEY"],
+        "RCLONE_CONFIG_BENCH_REGION": "us-east-1",
+    }
+    # rclone cannot load a custom CA bundle into its transport, and the endpoint is http.
+    env.pop("AWS_CA_BUNDLE", None)
+    return env
+
+
 def delete_prefix(client, bucket: str, prefix: str) -> None:
     paginator = client.get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
@@ -93,17 +123,7 @@ def boto3_phase(client, bucket, prefix, location: Path, files, concurrency: int)
 
 
 def rclone_phase(endpoint, bucket, prefix, location: Path, transfers: int) -> None:
-    env = {
-        **os.environ,
-        "RCLONE_CONFIG_BENCH_TYPE": "s3",
-        "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
-        "RCLONE_CONFIG_BENCH_ENDPOINT": endpoint,
-        "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": os.environ["S3_ACCESS_KEY_ID"],
-        "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": os.environ["S3_SECRET_ACCESS_KEY"],
-        "RCLONE_CONFIG_BENCH_REGION": "us-east-1",
-    }
-    # rclone cannot load a custom CA bundle into its transport, and the endpoint is http.
-    env.pop("AWS_CA_BUNDLE", None)
+    env = rclone_env(endpoint)
     subprocess.run(
         ["rclone", "copy", str(location), f"bench:{bucket}/{prefix}", "--transfers",
          str(transfers), "--s3-no-check-bucket", "--config", "/dev/null"],
@@ -141,15 +161,7 @@ def main() -> int:
     # private endpoints unless the deployment allows them (webapp/domain/health/outbound.py).
     os.environ.setdefault("LIFEBOAT_OUTBOUND_ALLOW", urlsplit(args.endpoint).netloc)
     setup_django(work / "var")
-    import boto3
-    from botocore.config import Config
-
-    client = boto3.client(
-        "s3", endpoint_url=args.endpoint, region_name="us-east-1",
-        aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"],
-        config=Config(max_pool_connections=64),
-    )  # fmt: skip
+    client = s3_client(args.endpoint)
     client.create_bucket(Bucket=args.bucket)
     try:
         for shape in shapes:

@@ -223,13 +223,9 @@ def main() -> int:
     (ROOT / "var").mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-restore-", dir=ROOT / "var"))
     configure(args, work)
-    import boto3
+    from bench.replicate import s3_client
 
-    client = boto3.client(
-        "s3", endpoint_url=args.endpoint, region_name="us-east-1",
-        aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"],
-    )  # fmt: skip
+    client = s3_client(args.endpoint)
     client.create_bucket(Bucket=bucket)
     directory = work / "ckpt"
     directory.mkdir()

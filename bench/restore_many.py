@@ -110,16 +110,9 @@ def load_all(paths: list[Path]) -> None:
 def rclone_round(args, bucket: str, keys: dict[str, str], folder: Path, transfers: int) -> float:
     """The checkpoint's objects, named by their keys under the blobs prefix (rclone
     copies names, it cannot rename), then each loaded."""
-    env = {
-        **os.environ,
-        "RCLONE_CONFIG_BENCH_TYPE": "s3",
-        "RCLONE_CONFIG_BENCH_PROVIDER": "Other",
-        "RCLONE_CONFIG_BENCH_ENDPOINT": args.endpoint,
-        "RCLONE_CONFIG_BENCH_ACCESS_KEY_ID": os.environ["S3_ACCESS_KEY_ID"],
-        "RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY": os.environ["S3_SECRET_ACCESS_KEY"],
-        "RCLONE_CONFIG_BENCH_REGION": "us-east-1",
-    }
-    env.pop("AWS_CA_BUNDLE", None)  # rclone cannot load one; the endpoint is http
+    from bench.replicate import rclone_env
+
+    env = rclone_env(args.endpoint)
     prefix = blobs_prefix(keys)
     names = [key.removeprefix(prefix + "/") for key in keys.values()]
     listing = folder.parent / "files-from.txt"
@@ -218,21 +211,14 @@ def main() -> int:
     args = parse_args()
     import corpus
 
+    from bench.replicate import s3_client
     from bench.restore import configure, remove_bucket
 
     bucket = f"bench-restore-many-{uuid.uuid4().hex[:6]}"
     (ROOT / "var").mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-restore-many-", dir=ROOT / "var"))
     configure(args, work)
-    import boto3
-    from botocore.config import Config
-
-    client = boto3.client(
-        "s3", endpoint_url=args.endpoint, region_name="us-east-1",
-        aws_access_key_id=os.environ["S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=os.environ["S3_SECRET_ACCESS_KEY"],
-        config=Config(max_pool_connections=64),
-    )  # fmt: skip
+    client = s3_client(args.endpoint)
     client.create_bucket(Bucket=bucket)
     try:
         total = corpus.parse_size(args.total)
