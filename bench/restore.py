@@ -217,16 +217,23 @@ def print_results(args, size: int, rounds: Rounds, load_before, load_after) -> N
     print("target: lifeboat (warm) <= 1.3x boto3's time")
 
 
-def main() -> int:
-    args = parse_args()
-    bucket = f"bench-restore-{uuid.uuid4().hex[:6]}"
-    (ROOT / "var").mkdir(exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-restore-", dir=ROOT / "var"))
-    configure(args, work)
+def scratch_and_bucket(args, name: str):
+    """A scratch folder under var/ (Django set up on a SQLite in it) and a new bucket on
+    the S3 server: (folder, boto3 client, bucket). Both are the caller's to remove."""
     from bench.replicate import s3_client
 
+    bucket = f"bench-{name}-{uuid.uuid4().hex[:6]}"
+    (ROOT / "var").mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"lifeboat-bench-{name}-", dir=ROOT / "var"))
+    configure(args, work)
     client = s3_client(args.endpoint)
     client.create_bucket(Bucket=bucket)
+    return work, client, bucket
+
+
+def main() -> int:
+    args = parse_args()
+    work, client, bucket = scratch_and_bucket(args, "restore")
     directory = work / "ckpt"
     directory.mkdir()
     path = directory / "model.pt"

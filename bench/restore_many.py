@@ -32,9 +32,7 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -211,15 +209,9 @@ def main() -> int:
     args = parse_args()
     import corpus
 
-    from bench.replicate import s3_client
-    from bench.restore import configure, remove_bucket
+    from bench.restore import remove_bucket, scratch_and_bucket
 
-    bucket = f"bench-restore-many-{uuid.uuid4().hex[:6]}"
-    (ROOT / "var").mkdir(exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-restore-many-", dir=ROOT / "var"))
-    configure(args, work)
-    client = s3_client(args.endpoint)
-    client.create_bucket(Bucket=bucket)
+    work, client, bucket = scratch_and_bucket(args, "restore-many")
     try:
         total = corpus.parse_size(args.total)
         print(f"writing {args.files:,} files, {total / MiB:,.0f} MiB ...", flush=True)
