@@ -141,21 +141,8 @@ def boto3_round(client, bucket: str, keys: dict[str, str], folder: Path, concurr
     return time.perf_counter() - started
 
 
-def lifeboat_round(checkpoint) -> tuple[float, dict]:
-    from webapp.domain.models import Validation
-    from webapp.domain.recovery import restore_test
-
-    validation = Validation.objects.create(checkpoint=checkpoint, kind="restore")
-    started = time.perf_counter()
-    outcome = restore_test.run(validation.pk)
-    elapsed = time.perf_counter() - started
-    validation.refresh_from_db()
-    if outcome != "passed":
-        raise SystemExit(f"the restore test did not pass: {validation.message}")
-    return elapsed, {**validation.timings, "wall_s": elapsed}
-
-
 def measure(args, client, bucket, keys, work, checkpoint) -> dict[str, list]:
+    from bench.restore import lifeboat_round
     from webapp.domain.recovery import restore_test
 
     restore_test.start_warm_loader()  # a worker's loader is warm once it has started
