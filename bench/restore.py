@@ -81,10 +81,10 @@ def write_checkpoint(path: Path, size_mib: int) -> None:
     torch.save(state, path)
 
 
-def record_and_replicate(work: Path, path: Path, bucket: str, endpoint: str):
-    """The file recorded as a verified checkpoint and replicated by the real task; returns
-    the checkpoint and its object's key, or None when the replication failed."""
-    from lifeboat.download import sha256_of
+def record_and_replicate(work: Path, location: Path, files: list[dict], bucket: str, endpoint):
+    """The checkpoint at `location` (its files: path, size, sha256) recorded as verified
+    and replicated by the real task; returns the checkpoint and each file's object key
+    by path, or None when the replication failed."""
     from webapp.domain.models import (
         Checkpoint,
         CheckpointFile,
@@ -95,27 +95,30 @@ def record_and_replicate(work: Path, path: Path, bucket: str, endpoint: str):
     )
     from workers.replicate import replicate
 
-    size = path.stat().st_size
     project = Project.objects.create(name="bench", slug="bench", allowed_roots=[str(work)])
     run = Run.objects.create(project=project, key="bench")
     checkpoint = Checkpoint.objects.create(
-        project=project, run=run, step=1, location=str(path), total_size=size,
-        file_count=1, status="verified",
+        project=project, run=run, step=1, location=str(location),
+        total_size=sum(f["size"] for f in files), file_count=len(files), status="verified",
     )  # fmt: skip
-    CheckpointFile.objects.create(
-        checkpoint=checkpoint, path="model.pt", size=size, sha256=sha256_of(path)
+    CheckpointFile.objects.bulk_create(
+        CheckpointFile(checkpoint=checkpoint, path=f["path"], size=f["size"], sha256=f["sha256"])
+        for f in files
     )
     target = StorageTarget.objects.create(
         project=project, name="bench", bucket=bucket, prefix="restore", endpoint_url=endpoint
     )
     replica = Replica.objects.create(checkpoint=checkpoint, target=target)
-    print("replicating it ...", flush=True)
+    print(f"replicating {len(files):,} file(s) ...", flush=True)
+    started = time.perf_counter()
     if replicate(replica.pk) != "verified":
         replica.refresh_from_db()
         print(f"replication failed: {replica.last_error}")
         return None
+    print(f"  replicated in {time.perf_counter() - started:.1f} s", flush=True)
     replica.refresh_from_db()
-    return checkpoint, replica.files[0]["key"]
+    # Objects are named by their content (<blobs>/ab/abcd...), as every replica's are.
+    return checkpoint, {entry["path"]: entry["key"] for entry in replica.files}
 
 
 def boto3_round(client, bucket: str, key: str, work: Path) -> float:
@@ -239,10 +242,14 @@ def main() -> int:
     path = directory / "model.pt"
     write_checkpoint(path, args.size_mib)
     size = path.stat().st_size
-    recorded = record_and_replicate(work, path, bucket, args.endpoint)
+    from lifeboat.download import sha256_of
+
+    files = [{"path": path.name, "size": size, "sha256": sha256_of(path)}]
+    recorded = record_and_replicate(work, path, files, bucket, args.endpoint)
     if recorded is None:
         return 1
-    checkpoint, key = recorded
+    checkpoint, keys = recorded
+    key = keys[path.name]
     load_before = os.getloadavg()
     try:
         rounds = run_rounds(args, client, bucket, key, work, checkpoint)

@@ -54,46 +54,6 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def record_and_replicate(work: Path, location: Path, files: list[dict], bucket: str, endpoint):
-    """The tree recorded as a verified checkpoint and replicated by the real task; returns
-    the checkpoint and the prefix of its objects, or None when the replication failed."""
-    from webapp.domain.models import (
-        Checkpoint,
-        CheckpointFile,
-        Project,
-        Replica,
-        Run,
-        StorageTarget,
-    )
-    from workers.replicate import replicate
-
-    project = Project.objects.create(name="bench", slug="bench", allowed_roots=[str(work)])
-    run = Run.objects.create(project=project, key="bench")
-    checkpoint = Checkpoint.objects.create(
-        project=project, run=run, step=1, location=str(location),
-        total_size=sum(f["size"] for f in files), file_count=len(files), status="verified",
-    )  # fmt: skip
-    CheckpointFile.objects.bulk_create(
-        CheckpointFile(checkpoint=checkpoint, path=f["path"], size=f["size"], sha256=f["sha256"])
-        for f in files
-    )
-    target = StorageTarget.objects.create(
-        project=project, name="bench", bucket=bucket, prefix="restore", endpoint_url=endpoint
-    )
-    replica = Replica.objects.create(checkpoint=checkpoint, target=target)
-    print(f"replicating {len(files):,} files ...", flush=True)
-    started = time.perf_counter()
-    if replicate(replica.pk) != "verified":
-        replica.refresh_from_db()
-        print(f"replication failed: {replica.last_error}")
-        return None
-    print(f"  replicated in {time.perf_counter() - started:.1f} s", flush=True)
-    replica.refresh_from_db()
-    # Objects are named by their content (<blobs>/ab/abcd...), as every replica's are.
-    keys = {entry["path"]: entry["key"] for entry in replica.files}
-    return checkpoint, keys
-
-
 def blobs_prefix(keys: dict[str, str]) -> str:
     return os.path.commonprefix(list(keys.values())).rpartition("/")[0].rpartition("/")[0]
 
@@ -196,7 +156,7 @@ def main() -> int:
     args = parse_args()
     import corpus
 
-    from bench.restore import remove_bucket, scratch_and_bucket
+    from bench.restore import record_and_replicate, remove_bucket, scratch_and_bucket
 
     work, client, bucket = scratch_and_bucket(args, "restore-many")
     try:
