@@ -60,3 +60,18 @@ def test_a_new_runs_first_event_is_one_transaction_and_its_next_takes_one_round_
     assert sum('INSERT INTO "domain_event"' in q for q in second) == 1, second
     assert not [q for q in second if 'INSERT INTO "domain_run"' in q or q.startswith("ROLLBACK")]
     assert Run.objects.get(key="fresh-run").last_step == 2
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the pipelined way is PostgreSQL's")
+def test_a_run_deleted_after_this_process_saw_it_is_made_again_by_its_next_event(api, token):
+    from webapp.domain.models import Event, Run
+
+    first = api.post_events(token, saved(run="gone-run", step=1))
+    assert first.status_code == 202 and first.json()["created"] == 1
+    Run.objects.filter(key="gone-run").delete()  # the process still counts it as known
+    assert not Event.objects.filter(run__key="gone-run").exists()
+    again = api.post_events(token, saved(run="gone-run", step=2))
+    # The pipelined way finds it missing, is rolled back, and the run is made first.
+    assert again.status_code == 202 and again.json()["created"] == 1
+    run = Run.objects.get(key="gone-run")
+    assert run.last_step == 2 and Checkpoint.objects.get(run=run).step == 2
