@@ -73,7 +73,14 @@ def main() -> int:
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", help="where to write the checkpoint (default: a temp dir)")
-    parser.add_argument("--shards", type=int, help="a sharded HF checkpoint of this many shards")
+    parser.add_argument("--shards", type=int, help="a sharded checkpoint of this many shards")
+    parser.add_argument(
+        "--shape",
+        choices=("hf", "dcp", "deepspeed"),
+        default="hf",
+        help="with --shards: HF safetensors shards, a DCP save of that many ranks, or a "
+        "DeepSpeed ZeRO folder of that many ranks",
+    )
     parser.add_argument("--total", default="8GiB", help="with --shards: its size (8GiB, 1GiB)")
     parser.add_argument(
         "--many-files", action="store_true", help="10,000 small files of --total in all instead"
@@ -83,7 +90,7 @@ def main() -> int:
         from bench.corpus import parse_size
         from bench.validate_sharded import run
 
-        shape = "many_files" if args.many_files else "hf"
+        shape = "many_files" if args.many_files else args.shape
         with tempfile.TemporaryDirectory(dir=args.dir, prefix="lifeboat-bench-validate-") as tmp:
             return run(Path(tmp), args.shards or 0, parse_size(args.total), args.rounds, shape)
 

@@ -94,12 +94,14 @@ def second_process(location: str, specs: list[tuple], only: list[str], parts: in
 
 
 def run(root: Path, shards: int, total: int, rounds: int, shape: str = "hf") -> int:
-    """shape "hf": `shards` safetensors shards; "many_files": 10,000 small safetensors
-    files in 100 folders (bench/corpus.py), `shards` unused."""
+    """shape "hf": `shards` safetensors shards; "dcp" / "deepspeed": a save of `shards`
+    ranks; "many_files": 10,000 small safetensors files in 100 folders (bench/corpus.py),
+    `shards` unused."""
     cores = os.cpu_count() or 1
     parts = max(1, min(int(os.environ.get("VALIDATION_PARALLEL", "8")), cores))
     print(f"writing a {shape} checkpoint, {total / (1 << 30):.2f} GiB ...")
-    opts = {"shards": shards} if shape == "hf" else {}
+    opts = {"hf": {"shards": shards}, "dcp": {"ranks": shards}, "deepspeed": {"ranks": shards}}
+    opts = opts.get(shape, {})
     location = corpus.write(shape, root, total, **opts)
     manifest = corpus.manifest(location)  # also warms the page cache
     specs = [FileSpec(f["path"], f["size"], f["sha256"]) for f in manifest]
@@ -115,20 +117,25 @@ def run(root: Path, shards: int, total: int, rounds: int, shape: str = "hf") -> 
         rows["sha256/cores"].append(timed(lambda: sha256_all(paths)) / cores)
         # What `cores` hashing threads get now (on a loaded machine, less than the cores).
         rows["sha256 threads"].append(timed(lambda: sha256_threads(paths, cores)))
-        seconds = timed(lambda: verify(check(location, specs, every, parts)))
+        seconds = timed(lambda: verify(check(location, specs, every, parts), shape))
         rows["one worker"].append(seconds)
-    rows["two workers"] = two_workers(location, specs, parts, rounds)
+    rows["two workers"] = two_workers(location, specs, parts, rounds, shape)
     report(rows, size, len(specs), cores, parts)
     return 0
 
 
-def verify(results: list[dict]) -> None:
-    merged = merge_parts(results, "safetensors")
+HINTS = {"hf": "safetensors", "many_files": "safetensors", "dcp": "dcp", "deepspeed": "torch"}
+
+
+def verify(results: list[dict], shape: str) -> None:
+    merged = merge_parts(results, HINTS[shape])
     problems = [f for f in merged["findings"] if f["severity"] != "info"]
     assert not problems and merged["tensors"] > 0, problems
 
 
-def two_workers(location: Path, specs: list[FileSpec], parts: int, rounds: int) -> list[float]:
+def two_workers(
+    location: Path, specs: list[FileSpec], parts: int, rounds: int, shape: str
+) -> list[float]:
     """Two processes, each checking half of the files at the same time (as two workers
     taking fanned-out parts); the time is the slower one's, plus the merge."""
     sizes = {s.path: s.size for s in specs}
@@ -143,7 +150,7 @@ def two_workers(location: Path, specs: list[FileSpec], parts: int, rounds: int) 
             ]
             answers = [f.result() for f in futures]
             started = time.perf_counter()
-            verify([r for _, results in answers for r in results])
+            verify([r for _, results in answers for r in results], shape)
             times.append(max(seconds for seconds, _ in answers) + time.perf_counter() - started)
     return times
 

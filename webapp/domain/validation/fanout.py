@@ -1,5 +1,5 @@
 """A big checkpoint's validation spread over workers: its files split into parts
-(ValidationPart rows, balanced by bytes, a DCP folder never split), one `validate_part`
+(ValidationPart rows, balanced by bytes, a DCP folder split by shard), one `validate_part`
 task per part that any validate worker on any host takes (it hashes its part's files and
 inspects them, in parallel within the worker too), then one `decide_validation` task that
 merges every part into the verdict, recorded as a one-task validation's would be.

@@ -44,7 +44,7 @@ from webapp.domain.validation.inspect_common import (
 )
 
 # --------------------------------------------------------------------------- the checkpoint
-from webapp.domain.validation.inspect_dcp import inspect_dcp
+from webapp.domain.validation.inspect_dcp import inspect_dcp, scan_dcp_part
 from webapp.domain.validation.inspect_deepspeed import check_folders
 from webapp.domain.validation.inspect_hf import inspect_hf_json, is_hf_index
 from webapp.domain.validation.inspect_safetensors import inspect_safetensors_file
@@ -61,10 +61,14 @@ def inspect(request: dict) -> dict:
     file_set = set(files)
     # One part of a checkpoint checked in parts (inspector.inspect_in_parts): only these
     # files' contents are read here; `files` is the whole checkpoint, for the checks
-    # that look across files (a DCP checkpoint is always one part, with its shards).
+    # that look across files. A DCP checkpoint's .metadata is checked by the part that
+    # holds it; each of its shards is scanned by the part that holds the shard.
     only = set(request.get("only") or files)
     dcp_roots = sorted({parent_dir(p) for p in only if PurePosixPath(p).name == ".metadata"})
     all_dcp_roots = sorted({parent_dir(p) for p in files if PurePosixPath(p).name == ".metadata"})
+    shard_roots = sorted(
+        {parent_dir(p) for p in only if p.endswith(".distcp")} & set(all_dcp_roots)
+    )
     for rel in sorted(only):
         try:
             inspect_file(base, rel, file_set, all_dcp_roots, report)
@@ -76,9 +80,12 @@ def inspect(request: dict) -> dict:
                 f"{rel} could not be inspected ({type(exc).__name__}: {first_line(exc)})",
                 rel,
             )
-    for root in dcp_roots:
+    for root in sorted(set(dcp_roots) | set(shard_roots)):
         try:
-            inspect_dcp(base, root, file_set, report)
+            if root in dcp_roots:
+                inspect_dcp(base, root, file_set, report, scan=only)
+            else:
+                scan_dcp_part(base, root, file_set, report, scan=only)
         except Exception as exc:
             raise_if_out_of_memory(exc)
             report.add(
@@ -144,6 +151,7 @@ def main() -> int:
     # Everything printed by torch or this code goes to stderr; stdout carries the result.
     result_fd = os.dup(1)
     os.dup2(2, 1)
+    gc.freeze()  # torch's objects, out of the collector's sight (see serve_forked)
     try:
         request = json.load(sys.stdin)
         result = inspect(request)

@@ -50,6 +50,9 @@ class Report:
     findings: list[dict] = field(default_factory=list)
     nonfinite: list[NonFinite] = field(default_factory=list)
     zero: list[AllZero] = field(default_factory=list)
+    # Tensors with a value that is not zero, where a tensor's chunks may be scanned by
+    # several parts (DCP): another part's AllZero of the same tensor does not hold.
+    nonzero: list[str] = field(default_factory=list)
     # inspect_deepspeed: model states file -> what it says about its folder's ranks
     deepspeed: dict[str, dict] = field(default_factory=dict)
     load_s: float = 0.0
@@ -80,6 +83,7 @@ class Report:
             values = {
                 "nonfinite": [asdict(v) for v in self.nonfinite],
                 "zero": [asdict(z) for z in self.zero],
+                "nonzero": self.nonzero,
             }
         else:
             self._summarise_content()

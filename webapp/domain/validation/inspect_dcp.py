@@ -131,8 +131,13 @@ def unsafe_metadata_globals(data: bytes) -> list[str]:
     return unsafe
 
 
-def inspect_dcp(base: str, root: str, files: set[str], report: Report) -> None:
-    """One DCP checkpoint: `root` is the directory (relative to base) holding .metadata."""
+def inspect_dcp(
+    base: str, root: str, files: set[str], report: Report, scan: set[str] | None = None
+) -> None:
+    """One DCP checkpoint: `root` is the directory (relative to base) holding .metadata.
+    Its metadata checked, its shards present and long enough, its tensors counted, and
+    the chunks stored in the shards `scan` (paths relative to base; all when None)
+    scanned."""
     report.formats.add("dcp")
     meta_rel = join(root, ".metadata")
     started = time.perf_counter()
@@ -143,7 +148,22 @@ def inspect_dcp(base: str, root: str, files: set[str], report: Report) -> None:
     shards_ok = check_dcp_shards(base, root, metadata, files, report)
     count_dcp_tensors(metadata, meta_rel, report)
     if shards_ok:
-        scan_dcp_tensors(base, root, metadata, meta_rel, report)
+        scan_dcp_tensors(base, root, metadata, meta_rel, report, scan)
+
+
+def scan_dcp_part(base: str, root: str, files: set[str], report: Report, scan: set[str]) -> None:
+    """The chunks stored in the shards `scan`, for a part of a DCP checkpoint whose
+    .metadata another part checks (inspect_parts splits a DCP folder by shard). What is
+    wrong with the metadata or the shards' presence is that part's to report, once: here
+    it only stops the scan."""
+    report.formats.add("dcp")
+    meta_rel = join(root, ".metadata")
+    quiet = Report()
+    started = time.perf_counter()
+    metadata = read_dcp_metadata(os.path.join(base, meta_rel), meta_rel, quiet)
+    report.load_s += time.perf_counter() - started
+    if metadata is not None and check_dcp_shards(base, root, metadata, files, quiet):
+        scan_dcp_tensors(base, root, metadata, meta_rel, report, scan)
 
 
 def read_dcp_metadata(full: str, rel: str, report: Report):
@@ -224,17 +244,25 @@ def count_dcp_tensors(metadata, meta_rel: str, report: Report) -> None:
         report.count(f"{meta_rel}:{fqn}", dtype_name(dtype) if dtype else "unknown", list(size))
 
 
-def scan_dcp_tensors(base: str, root: str, metadata, meta_rel: str, report: Report) -> None:
-    """Scans every tensor chunk, shard by shard; a tensor's NaN/Inf counts add up over its
-    chunks. A chunk in the default layout (one torch.save'd tensor) is read in place: its
-    pickle is checked for unsafe globals without being run, and its stored bytes are
-    viewed through a mapping with the dtype the metadata gives, without copy. Chunks
-    that do not look like that go through torch.load(weights_only=True); transformed
-    (compressed) ones are left unscanned and counted in an info finding."""
+def scan_dcp_tensors(
+    base: str, root: str, metadata, meta_rel: str, report: Report, scan: set[str] | None = None
+) -> None:
+    """Scans every tensor chunk stored in the shards `scan` (all when None), shard by
+    shard; a tensor's NaN/Inf counts add up over its chunks (and over the parts of a
+    checkpoint checked in parts: Report.nonzero). A chunk in the default layout (one
+    torch.save'd tensor) is read in place: its pickle is checked for unsafe globals
+    without being run, and its stored bytes are viewed through a mapping with the dtype
+    the metadata gives, without copy. Chunks that do not look like that go through
+    torch.load(weights_only=True); transformed (compressed) ones are left unscanned and
+    counted in an info finding."""
     stats: dict[str, list] = {}  # fqn -> [NaN, Inf, all zero so far]
     skipped = 0
     items = sorted(
-        metadata.storage_data.items(),
+        (
+            item
+            for item in metadata.storage_data.items()
+            if scan is None or join(root, str(item[1].relative_path)) in scan
+        ),
         key=lambda item: (str(item[1].relative_path), int(item[1].offset)),
     )
     shard = ShardReader(base, root)
@@ -269,6 +297,9 @@ def scan_dcp_tensors(base: str, root: str, metadata, meta_rel: str, report: Repo
             report.nonfinite.append(NonFinite(f"{meta_rel}:{fqn}", nan, inf, role))
         if all_zero and role != BOOKKEEPING and len(size) >= 2 and math.prod(size) > 1:
             report.zero.append(AllZero(f"{meta_rel}:{fqn}", size, role))
+        elif not all_zero:
+            # Another part may hold only zero chunks of this tensor: not all zero.
+            report.nonzero.append(f"{meta_rel}:{fqn}")
     if skipped:
         report.add(
             "info",

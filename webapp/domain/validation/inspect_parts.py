@@ -4,18 +4,20 @@ into one, as if one child had checked everything.
 
 A part is a set of files whose contents one child reads; every child is told all the
 checkpoint's files, for the checks that look across files (an HF index's shards, a
-DeepSpeed folder's ranks). A DCP checkpoint (its .metadata and the .distcp files beside
-it) is always in one part: its tensors' chunks span shards. Parts are balanced by bytes
-(largest unit first into the lightest part). NaN/Inf and all-zero tensors come back raw
-and are summarised once over all parts (content_findings), so the findings read the same
-as from one child. No torch, no Django here: it runs in the worker.
+DeepSpeed folder's ranks). A DCP checkpoint is split by shard too: the part holding its
+.metadata checks the metadata and every shard's presence, and each part scans the
+chunks its shards hold, reading the (small) .metadata to find them. Parts are balanced
+by bytes (largest file first into the lightest part). NaN/Inf and all-zero tensors come
+back raw and are summarised once over all parts (content_findings), so the findings read
+the same as from one child: a DCP tensor's NaN counts add up over the parts that hold
+its chunks, and it is all zero only if no part saw a value that is not. No torch, no
+Django here: it runs in the worker.
 """
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import PurePosixPath
 
 # By the module, not the name: a test replaces inspector.inspect_checkpoint.
 import webapp.domain.validation.inspector as inspector
@@ -23,32 +25,15 @@ from webapp.domain.validation.content_findings import AllZero, NonFinite, value_
 from webapp.domain.validation.formats import format_differs, strongest_format
 
 
-def units(files: list[str]) -> list[list[str]]:
-    """Files that must be read by the same child: each DCP folder's .metadata with its
-    .distcp shards; every other file on its own."""
-    dcp_roots = {
-        str(PurePosixPath(p).parent) for p in files if PurePosixPath(p).name == ".metadata"
-    }
-    grouped: dict[str, list[str]] = {}
-    alone: list[list[str]] = []
-    for path in files:
-        folder = str(PurePosixPath(path).parent)
-        name = PurePosixPath(path).name
-        if folder in dcp_roots and (name == ".metadata" or name.endswith(".distcp")):
-            grouped.setdefault(folder, []).append(path)
-        else:
-            alone.append([path])
-    return list(grouped.values()) + alone
-
-
 def split(files: list[str], sizes: dict[str, int], parts: int) -> list[list[str]]:
     """At most `parts` lists of files, balanced by bytes, none empty."""
-    bins: list[tuple[int, list[str]]] = [(0, []) for _ in range(max(1, parts))]
-    for unit in sorted(units(files), key=lambda u: -sum(sizes.get(p, 0) for p in u)):
-        index = min(range(len(bins)), key=lambda i: (bins[i][0], len(bins[i][1])))
-        weight, members = bins[index]
-        bins[index] = (weight + sum(sizes.get(p, 0) for p in unit) + 1, members + unit)
-    return [sorted(members) for _, members in bins if members]
+    weights = [0] * max(1, parts)
+    bins: list[list[str]] = [[] for _ in weights]
+    for path in sorted(files, key=lambda p: (-sizes.get(p, 0), p)):
+        index = min(range(len(bins)), key=lambda i: (weights[i], len(bins[i])))
+        weights[index] += sizes.get(path, 0) + 1
+        bins[index].append(path)
+    return [sorted(members) for members in bins if members]
 
 
 def inspect_in_parts(
@@ -56,7 +41,7 @@ def inspect_in_parts(
 ) -> dict:
     """inspect_checkpoint over `parts` children at once (each under the limits, on its own
     warm helper slot when warm=True); one child when there is one part."""
-    if len(units(files)) <= 1 or parts <= 1:
+    if len(files) <= 1 or parts <= 1:
         return inspector.inspect_checkpoint(base, files, single_file, format_hint, **limits)
     results = raw_parts(base, files, single_file, files, parts=parts, **limits)
     return merge_parts(results, format_hint)
@@ -93,7 +78,7 @@ def raw_parts(
 def merge_parts(results: list[dict], format_hint: str) -> dict:
     """One result from the parts' results (inspector.inspect_checkpoint's shape)."""
     merged = {"tensors": 0, "parameters": 0, "dtypes": {}, "keys": {}, "findings": []}
-    nonfinite, zero, formats = [], [], set()
+    nonfinite, zero, formats, nonzero = [], [], set(), set()
     timings = {"load_s": 0.0, "scan_s": 0.0}
     for result in results:
         formats.add(result.get("format", "unknown"))
@@ -106,6 +91,7 @@ def merge_parts(results: list[dict], format_hint: str) -> dict:
         values = result.get("values") or {}
         nonfinite += [NonFinite(**v) for v in values.get("nonfinite", [])]
         zero += [AllZero(**z) for z in values.get("zero", [])]
+        nonzero.update(values.get("nonzero", []))
         for name in timings:
             # The parts ran at the same time: the check took as long as its slowest part.
             timings[name] = max(timings[name], result.get("timings", {}).get(name, 0.0))
@@ -113,7 +99,26 @@ def merge_parts(results: list[dict], format_hint: str) -> dict:
         merged["keys"] = {}  # a part that could not finish: the keys are not the whole
     merged["dtypes"] = dict(sorted(merged["dtypes"].items()))
     merged["format"] = strongest_format(formats)
-    merged["findings"] += value_findings(nonfinite, zero)
+    merged["findings"] += value_findings(_added_up(nonfinite), _all_zero(zero, nonzero))
     merged["findings"] += format_differs(format_hint, merged["format"])
     merged["timings"] = {k: round(v, 6) for k, v in timings.items()}
     return merged
+
+
+def _added_up(nonfinite: list[NonFinite]) -> list[NonFinite]:
+    """One entry per tensor: a DCP tensor's chunks may have been scanned by several parts."""
+    totals: dict[tuple[str, str], list[int]] = {}
+    for v in nonfinite:
+        counts = totals.setdefault((v.name, v.role), [0, 0])
+        counts[0] += v.nan
+        counts[1] += v.inf
+    return [NonFinite(name, nan, inf, role) for (name, role), (nan, inf) in totals.items()]
+
+
+def _all_zero(zero: list[AllZero], nonzero: set[str]) -> list[AllZero]:
+    """A tensor is all zero when every part that scanned some of it found only zeros."""
+    seen: dict[str, AllZero] = {}
+    for z in zero:
+        if z.name not in nonzero:
+            seen.setdefault(z.name, z)
+    return list(seen.values())

@@ -19,6 +19,7 @@ only the standard library.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import resource
@@ -81,6 +82,10 @@ def child_env() -> dict[str, str]:
     # The scan is bound by memory bandwidth: a few threads saturate it, and each thread's
     # stack also counts against RLIMIT_AS.
     env.setdefault("OMP_NUM_THREADS", str(min(os.cpu_count() or 1, 8)))
+    # Idle OpenMP threads sleep rather than spin. Children of several workers (or parts)
+    # on one host share its cores; spinning threads then steal each other's time: two
+    # workers' scans of an 8 GiB DCP checkpoint took 3.6 s each instead of 0.28 s.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 
 
@@ -264,6 +269,10 @@ def serve_forked(handler, out_of_memory_exit: int = 1) -> int:
     threads: the children are forked."""
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
+    # Everything imported so far (torch: 170,000 objects) lives as long as the helper: out
+    # of the collector's sight, a child's gc.collect() between two files takes microseconds
+    # instead of 0.13 s, and collections do not copy the shared pages.
+    gc.freeze()
     for line in sys.stdin:
         if not line.strip():
             continue
