@@ -5,6 +5,7 @@ limit (bench/validate_sharded.py).
     .venv/bin/python bench/validate.py               # 1 GiB, 3 rounds
     .venv/bin/python bench/validate.py --size-mib 256 --rounds 5
     .venv/bin/python bench/validate.py --shards 8 --total 2GiB
+    .venv/bin/python bench/validate.py --shards 8 --shape dcp --total 2GiB   # 8 DCP ranks
     .venv/bin/python bench/validate.py --many-files --total 40MiB   # 10,000 small files
 
 Phases, each timed over the same file (warm in the page cache after the first read, as

@@ -1,8 +1,9 @@
 """Validation of a sharded checkpoint against the machine's limit (issue #20, item 2); run
 through `bench/validate.py --shards 8 --total 2GiB`.
 
-The checkpoint is a Hugging Face folder of `--shards` safetensors shards and its index,
-written by bench/corpus.py. Every phase reads the same files, warm in the page cache (a
+The checkpoint is written by bench/corpus.py: a Hugging Face folder of `--shards`
+safetensors shards and its index, or (`--shape`) a DCP save or a DeepSpeed ZeRO folder of
+`--shards` ranks. Every phase reads the same files, warm in the page cache (a
 worker checks what the job has just written). Measured in the same run:
 
   read        every byte read (8 MiB reads), one thread per shard up to the cores
