@@ -120,36 +120,23 @@ def describe(
 
 class HashingWriter:
     """A file object for torch.save that hashes the bytes as they are written: the
-    checkpoint's sha256 without reading it back. Each buffer torch.save writes is copied
-    (torch may reuse it) and hashed on a thread of its own while the caller goes on
-    writing and fsyncing, so the hash costs the save little beyond the copy; at most
-    QUEUED buffers wait, so memory stays bounded when hashing is the slower. torch.save
-    (zip format) only calls write() and flush(), in order; anything else (seek, tell,
-    fileno...) is passed to the file but makes the digest unusable (`digest()` is then
-    None, and the file is read and hashed as before)."""
-
-    QUEUED = 8
+    checkpoint's sha256 without reading it back. Each buffer is hashed in write(), on the
+    caller's thread, before it goes to the file: no copy and no thread of its own.
+    (A hashing thread fed with copies was measured 4x costlier per save with every core
+    training: bench/client_overhead.py, docs/client.md.) torch.save (zip format) only
+    calls write() and flush(), in order; anything else (seek, tell, fileno...) is passed
+    to the file but makes the digest unusable (`digest()` is then None, and the file is
+    read and hashed as before)."""
 
     def __init__(self, handle):
-        import queue
-        import threading
-
         self._handle = handle
         self._sha = hashlib.sha256()
         self.size = 0
         self.sequential = True
-        self._queue: queue.Queue = queue.Queue(maxsize=self.QUEUED)
-        self._thread = threading.Thread(target=self._hash, name="lifeboat-hash-write", daemon=True)
-        self._thread.start()
-        self._result: dict | None = None
-
-    def _hash(self) -> None:
-        while (data := self._queue.get()) is not None:
-            self._sha.update(data)  # releases the GIL on large buffers
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        self._queue.put(bytes(view))
+        self._sha.update(view)  # releases the GIL on large buffers
         self.size += len(view)
         return self._handle.write(view)
 
@@ -161,12 +148,10 @@ class HashingWriter:
         return getattr(self._handle, name)
 
     def digest(self) -> dict | None:
-        """{size, sha256} of what was written (waits for the hashing thread to finish)."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-            self._result = {"size": self.size, "sha256": self._sha.hexdigest()}
-        return self._result if self.sequential else None
+        """{size, sha256} of what was written, or None if torch.save did more than write."""
+        if not self.sequential:
+            return None
+        return {"size": self.size, "sha256": self._sha.hexdigest()}
 
 
 def listing(location: str | os.PathLike) -> dict[str, int]:

@@ -36,13 +36,10 @@ def _write_file(obj: Any, path: Path, save_kwargs: dict) -> dict | None:
 
     with open(path, "wb") as handle:
         writer = HashingWriter(handle)
-        try:
-            torch.save(obj, writer, **save_kwargs)
-            handle.flush()
-            os.fsync(handle.fileno())  # the hashing thread goes on meanwhile
-        finally:
-            digest = writer.digest()  # also ends the hashing thread after a failed save
-    return digest
+        torch.save(obj, writer, **save_kwargs)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return writer.digest()
 
 
 def atomic_save(
