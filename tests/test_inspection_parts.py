@@ -141,6 +141,25 @@ def test_a_truncated_shard_is_named_once_by_the_part_holding_the_metadata(saved,
     assert merged["findings"] == whole(folder)["findings"]
 
 
+def test_a_shard_cut_after_the_metadata_part_ran_is_named_not_skipped(saved, tmp_path):
+    """Parts may run at different times (on different workers): the part that scans a
+    shard checks it again and says what is wrong, rather than skipping its chunks."""
+    folder = Path(shutil.copytree(saved, tmp_path / "ckpt"))
+    files = files_of(folder)
+
+    def part(only: list[str]) -> dict:
+        request = {"base": str(folder), "files": files, "single_file": False}
+        return inspect_child.inspect(request | {"only": only, "raw_values": True})
+
+    first = part([".metadata", SHARDS[0]])
+    with (folder / SHARDS[1]).open("r+b") as f:
+        f.truncate(100)
+    merged = merge_parts([first, part([SHARDS[1]])], "dcp")
+
+    truncated = [f.get("file") for f in merged["findings"] if f["code"] == "truncated_shard"]
+    assert truncated == [SHARDS[1]]
+
+
 def test_unsafe_metadata_is_named_once_and_no_part_scans_by_it(saved, tmp_path):
     import pickle
 

@@ -153,16 +153,16 @@ def inspect_dcp(
 
 def scan_dcp_part(base: str, root: str, files: set[str], report: Report, scan: set[str]) -> None:
     """The chunks stored in the shards `scan`, for a part of a DCP checkpoint whose
-    .metadata another part checks (inspect_parts splits a DCP folder by shard). What is
-    wrong with the metadata or the shards' presence is that part's to report, once: here
-    it only stops the scan."""
+    .metadata another part checks and counts (inspect_parts splits a DCP folder by
+    shard). The metadata and the shards are checked here too before the scan, and what
+    is wrong is said here as well: never a scan skipped in silence. The part holding the
+    metadata finds the same, and inspect_parts.merge_parts keeps one of each finding."""
     report.formats.add("dcp")
     meta_rel = join(root, ".metadata")
-    quiet = Report()
     started = time.perf_counter()
-    metadata = read_dcp_metadata(os.path.join(base, meta_rel), meta_rel, quiet)
+    metadata = read_dcp_metadata(os.path.join(base, meta_rel), meta_rel, report)
     report.load_s += time.perf_counter() - started
-    if metadata is not None and check_dcp_shards(base, root, metadata, files, quiet):
+    if metadata is not None and check_dcp_shards(base, root, metadata, files, report):
         scan_dcp_tensors(base, root, metadata, meta_rel, report, scan)
 
 

@@ -16,6 +16,7 @@ Django here: it runs in the worker.
 
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -78,7 +79,7 @@ def raw_parts(
 def merge_parts(results: list[dict], format_hint: str) -> dict:
     """One result from the parts' results (inspector.inspect_checkpoint's shape)."""
     merged = {"tensors": 0, "parameters": 0, "dtypes": {}, "keys": {}, "findings": []}
-    nonfinite, zero, formats, nonzero = [], [], set(), set()
+    nonfinite, zero, formats, nonzero, seen = [], [], set(), set(), set()
     timings = {"load_s": 0.0, "scan_s": 0.0}
     for result in results:
         formats.add(result.get("format", "unknown"))
@@ -87,7 +88,12 @@ def merge_parts(results: list[dict], format_hint: str) -> dict:
         for dtype, count in result.get("dtypes", {}).items():
             merged["dtypes"][dtype] = merged["dtypes"].get(dtype, 0) + count
         merged["keys"].update(result.get("keys", {}))
-        merged["findings"] += result.get("findings", [])
+        for finding in result.get("findings", []):
+            # Parts of one DCP folder each check its metadata and shards: one of each.
+            key = json.dumps(finding, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                merged["findings"].append(finding)
         values = result.get("values") or {}
         nonfinite += [NonFinite(**v) for v in values.get("nonfinite", [])]
         zero += [AllZero(**z) for z in values.get("zero", [])]
