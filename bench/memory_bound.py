@@ -3,15 +3,17 @@ restores (issue #20, item 6), under a real memory limit.
 
     .venv/bin/python bench/memory_bound.py                      # 16 GiB on a 4 GiB limit
     .venv/bin/python bench/memory_bound.py --total 2GiB --memory 1GiB
+    .venv/bin/python bench/memory_bound.py --shape dcp          # a DCP save of 8 ranks
 
-Writes a Hugging Face folder of 8 safetensors shards (bench/corpus.py) and its manifest,
-then moves this process into a memory cgroup (v1 /sys/fs/cgroup/memory, as root) limited
-to --memory, page cache included, so that everything after, and every child it forks,
-lives within it, as a worker in a container of that size would. Then, as a worker runs
-them (the tasks called in this process, on a scratch SQLite; VALIDATION_MEMORY_BYTES set
-to --memory): the validate task (hash, safe load, NaN scan), the replicate task to S3
-(S3_ENDPOINT_URL, default the shared SeaweedFS on :8333), and a restore test (every shard
-downloaded and verified, then loaded shard by shard in a limited child).
+Writes a Hugging Face folder of 8 safetensors shards (or, with --shape dcp, a DCP save
+of 8 ranks; bench/corpus.py) and its manifest, then moves this process into a memory
+cgroup (v1 /sys/fs/cgroup/memory, as root) limited to --memory, page cache included, so
+that everything after, and every child it forks, lives within it, as a worker in a
+container of that size would. Then, as a worker runs them (the tasks called in this
+process, on a scratch SQLite; VALIDATION_MEMORY_BYTES set to --memory): the validate
+task (hash, safe load, NaN scan), the replicate task to S3 (S3_ENDPOINT_URL, default the
+shared SeaweedFS on :8333), and a restore test (every shard downloaded and verified,
+then loaded shard by shard in a limited child).
 
 Prints each verdict, its time, and the cgroup's peak use and failure count; exits 1 unless
 the checkpoint is verified, its replica verified and its restore test passed, with no
@@ -43,6 +45,10 @@ CGROUP = Path("/sys/fs/cgroup/memory")
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--total", default="16GiB", help="checkpoint size")
+    parser.add_argument(
+        "--shape", choices=("hf", "dcp"), default="hf",
+        help="8 HF safetensors shards, or a DCP save of 8 ranks",
+    )  # fmt: skip
     parser.add_argument("--memory", default="4GiB", help="the cgroup's memory limit")
     parser.add_argument(
         "--endpoint", default=os.environ.get("S3_ENDPOINT_URL", "http://127.0.0.1:8333")
@@ -155,8 +161,9 @@ def main() -> int:
     client.create_bucket(Bucket=args.bucket)
     group = None
     try:
-        print(f"writing an HF checkpoint of 8 shards, {total / GiB:.1f} GiB ...", flush=True)
-        folder = corpus.write("hf", work / "ckpts", total, shards=8)
+        print(f"writing a {args.shape} checkpoint of 8 shards, {total / GiB:.1f} GiB ...")
+        options = {"shards": 8} if args.shape == "hf" else {"ranks": 8}
+        folder = corpus.write(args.shape, work / "ckpts", total, **options)
         files = corpus.manifest(folder)
         group = enter_cgroup(limit)
         print(f"in a memory cgroup of {limit / GiB:.1f} GiB (page cache included):")

@@ -25,6 +25,7 @@ import os
 import queue
 import shutil
 import threading
+import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -41,7 +42,26 @@ PROGRESS_S = 0.2  # how often progress() is called while files are fetched
 
 
 class RestoreError(Exception):
-    """A file could not be fetched, or its bytes do not match its sha256."""
+    """A file could not be fetched, or its bytes do not match its sha256.
+
+    `replica_at_fault` is False when the fault is not the copy's: this machine's disk (full,
+    read-only, over a limit) or the way to the object store (refused, reset, timed out, a
+    5xx, a 403). The replica may then be good, and a restore test must not say otherwise."""
+
+    replica_at_fault = True
+
+
+class ShortObject(OSError):
+    """The store answered a range in full but with fewer bytes: the object is shorter
+    than recorded."""
+
+
+def _replica_at_fault(exc: OSError) -> bool:
+    """Only an answer about the object itself says the copy is bad: it is gone (404, 410),
+    shorter than recorded (416, or a complete answer with fewer bytes)."""
+    if isinstance(exc, ShortObject):
+        return True
+    return isinstance(exc, urllib.error.HTTPError) and exc.code in (404, 410, 416)
 
 
 def _safe_relative(path: str) -> PurePosixPath:
@@ -84,7 +104,7 @@ def _get_range_into(
                 _pwrite(fd, view[got : got + n], start + got)
                 got += n
     if got != len(view):
-        raise OSError(f"bytes {start}-{end}: got {got} bytes")
+        raise ShortObject(f"bytes {start}-{end}: got {got} bytes")
 
 
 def _fetch_small(opener, url: str, out, digest, advance: Callable[[int], None], timeout: float):
@@ -164,7 +184,9 @@ def _fetch_one(
                 os.fsync(out.fileno())
     except OSError as exc:
         partial.unlink(missing_ok=True)
-        raise RestoreError(f"could not fetch {entry['path']}: {exc}") from exc
+        error = RestoreError(f"could not fetch {entry['path']}: {exc}")
+        error.replica_at_fault = _replica_at_fault(exc)
+        raise error from exc
     if got != size or digest.hexdigest() != sha:
         partial.unlink(missing_ok=True)
         raise RestoreError(

@@ -6,6 +6,7 @@ the `restore` queue starts its loader and runs a test asked for through the API.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import uuid
@@ -252,3 +253,81 @@ def loaders_of(pid: int) -> list[int]:
         ):
             found.append(int(entry.name))
     return found
+
+
+def test_an_object_gone_from_the_replica_fails_it(replicated, s3, queues):
+    entry = next(e for e in Replica.objects.get().files if e["path"] == "optim.pt")
+    s3.client.delete_object(Bucket=s3.bucket, Key=entry["key"])
+
+    validation = restore(replicated)
+
+    assert validation.status == "failed"
+    assert validation.message.startswith("The replica on backup does not restore:")
+    assert "optim.pt" in validation.message and "404" in validation.message
+
+
+class FirstConnectionOnly:
+    """A TCP relay to the S3 server that passes its first connection through and resets
+    every later one: the object store gone in the middle of a restore test."""
+
+    def __init__(self, endpoint: str):
+        import socket
+        import threading
+        from urllib.parse import urlsplit
+
+        self.upstream = (urlsplit(endpoint).hostname, urlsplit(endpoint).port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import socket
+        import struct
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self.accepted > 1:
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.close()  # a reset
+                continue
+            upstream = socket.create_connection(self.upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source, sink) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass  # the other side went away: end both
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(2)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_an_object_store_gone_mid_test_is_an_error_not_a_bad_replica(replicated, s3, queues):
+    """The copy may be good: a restore test that could not fetch it says it could not run,
+    and never that the replica does not restore."""
+    relay = FirstConnectionOnly(s3.endpoint)
+    try:
+        StorageTarget.objects.update(endpoint_url=relay.endpoint)  # the manifest still comes
+
+        validation = restore(replicated)
+    finally:
+        relay.close()
+
+    assert relay.accepted >= 2  # the manifest's connection, then refused downloads
+    assert validation.status == "error", validation.message
+    assert validation.message.startswith("The restore test could not run: could not fetch")
+    assert "does not restore" not in validation.message

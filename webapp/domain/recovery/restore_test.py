@@ -428,12 +428,13 @@ def _restore_and_load(validation, replica, scratch: Path) -> str:
         restore_replica(replica, scratch, _progress_writer(validation, total), durable=False)
     except RestoreError as exc:
         timings["download_s"] = time.perf_counter() - started
-        return _finish(
-            validation,
-            ValidationStatus.FAILED,
-            f"The replica on {replica.target.name} does not restore: {exc}",
-            timings,
+        # This worker's disk or the network failed, not the copy: say nothing of the copy.
+        status, said = (
+            (ValidationStatus.FAILED, f"The replica on {replica.target.name} does not restore")
+            if exc.replica_at_fault
+            else (ValidationStatus.ERROR, "The restore test could not run")
         )
+        return _finish(validation, status, f"{said}: {exc}", timings)
     # sha256 is checked in the same pass as the download: one read of the bytes.
     timings["download_verify_s"] = time.perf_counter() - started
     files = sorted(checkpoint.files.values_list("path", flat=True))
