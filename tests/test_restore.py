@@ -331,3 +331,40 @@ def test_an_object_store_gone_mid_test_is_an_error_not_a_bad_replica(replicated,
     assert validation.status == "error", validation.message
     assert validation.message.startswith("The restore test could not run: could not fetch")
     assert "does not restore" not in validation.message
+
+
+def test_a_dcp_checkpoint_restores_and_every_chunk_loads(
+    api, token, project, s3, tmp_path, settings, queues
+):
+    """A .distcp shard is a run of torch.save archives, one per chunk: the loader reads it
+    chunk by chunk, as validation does, instead of torch.load of the whole file."""
+    from tests.fixtures_checkpoints import save_dcp
+    from tests.test_validation import file_entry
+
+    settings.SCRATCH_DIR = tmp_path / "scratch"
+    directory = tmp_path / "ckpts" / "step-7"
+    generator = torch.Generator().manual_seed(0)
+    state = {f"layer{i}.weight": torch.randn(64, 64, generator=generator) for i in range(3)}
+    files = save_dcp(directory, {"model": state, "step": 7})
+    project.allowed_roots = [str(tmp_path / "ckpts")]
+    project.save()
+    entries = [file_entry(directory / name, name) for name in files]
+    assert (
+        api.post_events(
+            token, saved(run="r", step=7, location=str(directory), files=entries)
+        ).status_code
+        == 202
+    )
+    checkpoint = Checkpoint.objects.get()
+    validate_checkpoint(checkpoint.pk)
+    target = StorageTarget.objects.create(
+        project=project, name="backup", bucket=s3.bucket,
+        prefix=f"restore-{uuid.uuid4().hex[:6]}", endpoint_url=s3.endpoint,
+    )  # fmt: skip
+    (replica_id,) = policy.request(checkpoint, [target], by_policy=False)
+    replicate(replica_id)
+
+    validation = restore(checkpoint)
+
+    assert validation.status == "passed", validation.message
+    assert "3 tensors (48.0 KiB) loaded" in validation.message

@@ -43,6 +43,63 @@ def _tensors(obj, out: list) -> None:
             _tensors(value, out)
 
 
+def _name(rel: str) -> str:
+    return rel.rsplit("/", 1)[-1]
+
+
+def _parent(rel: str) -> str:
+    return rel.rsplit("/", 1)[0] if "/" in rel else ""
+
+
+def _load_dcp(base: str, root: str, result: dict, device, use_cuda: bool) -> float:
+    """A DCP folder, chunk by chunk: a .distcp shard is a run of torch.save archives, one
+    per chunk, that torch.load cannot read whole. Its .metadata goes through validation's
+    restricted unpickler and each chunk through the same reader validation scans with
+    (inspect_dcp), one shard mapped at a time. Returns the seconds spent moving tensors
+    to the device; raises RuntimeError for a chunk that does not load."""
+    import torch
+
+    from webapp.domain.validation.inspect_common import Report, join
+    from webapp.domain.validation.inspect_dcp import ShardReader, load_dcp_chunk, read_dcp_metadata
+
+    report = Report()
+    meta_rel = join(root, ".metadata")
+    metadata = read_dcp_metadata(os.path.join(base, meta_rel), meta_rel, report)
+    if metadata is None:
+        raise RuntimeError(report.findings[0]["message"] if report.findings else meta_rel)
+    items = sorted(
+        metadata.storage_data.items(),
+        key=lambda item: (str(item[1].relative_path), int(item[1].offset)),
+    )
+    shard, moving, loaded = ShardReader(base, root), 0.0, set()
+    try:
+        for index, info in items:
+            item = metadata.state_dict_metadata.get(getattr(index, "fqn", None))
+            if getattr(item, "properties", None) is None:
+                continue  # a bytes item: pickled Python objects, not tensors
+            said = len(report.findings)
+            tensor = load_dcp_chunk(shard, index, info, item, report)
+            if tensor is None:
+                if len(report.findings) > said:  # it does not load: say why
+                    raise RuntimeError(report.findings[said]["message"])
+                continue  # a transformed (compressed) chunk: not read here
+            loaded.add(join(root, info.relative_path))
+            result["tensors"] += 1
+            result["bytes"] += tensor.numel() * tensor.element_size()
+            started = time.perf_counter()
+            if use_cuda:
+                tensor.to(device, non_blocking=True)
+                torch.cuda.synchronize()
+            elif tensor.numel() and tensor.is_floating_point():
+                tensor.sum()  # every byte read, as for the other formats
+            moving += time.perf_counter() - started
+            del tensor
+    finally:
+        shard.close()
+    result["loaded"] += [meta_rel, *sorted(loaded)]
+    return moving
+
+
 def load(request: dict) -> dict:
     """Loads the request's files and moves their tensors to the device; never raises for a
     file that does not load (the result's "error" says why)."""
@@ -71,9 +128,14 @@ def load(request: dict) -> dict:
         # Shard by shard: a file's tensors are loaded (torch files memory-mapped), moved
         # to the device, counted and dropped before the next file, so a sharded
         # checkpoint restores within the child's memory limit whatever its total size.
+        dcp_roots = {_parent(rel) for rel in request["files"] if _name(rel) == ".metadata"}
+        for root in sorted(dcp_roots):
+            to_device += _load_dcp(request["base"], root, result, device, use_cuda)
         for rel in request["files"]:
             full = os.path.join(request["base"], rel)
             tensors: list = []
+            if _parent(rel) in dcp_roots and (_name(rel) == ".metadata" or rel.endswith(".distcp")):
+                continue  # loaded above, chunk by chunk
             if rel.endswith(".safetensors"):
                 from safetensors.torch import load_file
 
