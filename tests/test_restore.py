@@ -368,3 +368,25 @@ def test_a_dcp_checkpoint_restores_and_every_chunk_loads(
 
     assert validation.status == "passed", validation.message
     assert "3 tensors (48.0 KiB) loaded" in validation.message
+
+
+def test_a_dcp_metadata_naming_a_shard_outside_its_folder_is_never_followed(tmp_path):
+    """The loader checks where a .metadata sends it before reading a byte: "../x" is refused
+    (a copy of a verified checkpoint never names one; this one is made by hand)."""
+    import pickle
+
+    from tests.fixtures_checkpoints import save_dcp
+    from webapp.domain.recovery import restore_load
+
+    folder = tmp_path / "ckpt"
+    files = save_dcp(folder, {"model": {"w": torch.ones(8, 8)}})
+    (tmp_path / "outside.distcp").write_bytes((folder / "__0_0.distcp").read_bytes())
+    metadata = pickle.loads((folder / ".metadata").read_bytes())  # noqa: S301 (written just above)
+    for info in metadata.storage_data.values():
+        info.relative_path = "../outside.distcp"
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+
+    result = restore_load.load({"base": str(folder), "files": files, "device": "cpu"})
+
+    assert result["tensors"] == 0 and result["loaded"] == []
+    assert "names a shard outside the checkpoint: '../outside.distcp'" in result["error"]

@@ -51,7 +51,7 @@ def _parent(rel: str) -> str:
     return rel.rsplit("/", 1)[0] if "/" in rel else ""
 
 
-def _load_dcp(base: str, root: str, result: dict, device, use_cuda: bool) -> float:
+def _load_dcp(base: str, root: str, files: set[str], result: dict, device, use_cuda: bool) -> float:
     """A DCP folder, chunk by chunk: a .distcp shard is a run of torch.save archives, one
     per chunk, that torch.load cannot read whole. Its .metadata goes through validation's
     restricted unpickler and each chunk through the same reader validation scans with
@@ -60,12 +60,19 @@ def _load_dcp(base: str, root: str, result: dict, device, use_cuda: bool) -> flo
     import torch
 
     from webapp.domain.validation.inspect_common import Report, join
-    from webapp.domain.validation.inspect_dcp import ShardReader, load_dcp_chunk, read_dcp_metadata
+    from webapp.domain.validation.inspect_dcp import (
+        ShardReader,
+        check_dcp_shards,
+        load_dcp_chunk,
+        read_dcp_metadata,
+    )
 
     report = Report()
     meta_rel = join(root, ".metadata")
     metadata = read_dcp_metadata(os.path.join(base, meta_rel), meta_rel, report)
-    if metadata is None:
+    # Its shards named inside the folder, present and long enough (a copy of a verified
+    # checkpoint always passes; a .metadata naming "../x" is never followed).
+    if metadata is None or not check_dcp_shards(base, root, metadata, files, report):
         raise RuntimeError(report.findings[0]["message"] if report.findings else meta_rel)
     items = sorted(
         metadata.storage_data.items(),
@@ -130,7 +137,9 @@ def load(request: dict) -> dict:
         # checkpoint restores within the child's memory limit whatever its total size.
         dcp_roots = {_parent(rel) for rel in request["files"] if _name(rel) == ".metadata"}
         for root in sorted(dcp_roots):
-            to_device += _load_dcp(request["base"], root, result, device, use_cuda)
+            to_device += _load_dcp(
+                request["base"], root, set(request["files"]), result, device, use_cuda
+            )
         for rel in request["files"]:
             full = os.path.join(request["base"], rel)
             tensors: list = []
