@@ -126,3 +126,44 @@ def test_one_changed_file_among_many_leaves_no_verified_replica(
     assert changed_key not in objects(s3, f"{_prefix}/main/")
     checkpoint.refresh_from_db()
     assert checkpoint.status == "corrupt"
+
+
+def test_a_small_object_is_sent_without_waiting_for_100_continue(
+    project, root, s3, settings, _prefix
+):
+    """botocore asks for "Expect: 100-continue" on every upload: a round trip before the
+    body. A small object is sent at once; a part large enough to be worth refusing
+    unread still asks first."""
+    from webapp.domain.replication import targets
+
+    settings.REPLICATION_PART_SIZE = 5 * MiB
+    files = tree(small=5, large=1, large_size=6 * MiB)
+    checkpoint = make_checkpoint(project, root, 1, files)
+    target = make_target(project, s3, "main")
+    client = targets.client_for(target)
+    seen: list[tuple[str, int, str | None]] = []
+
+    def record(request, event_name, **kwargs):
+        body = request.body
+        if hasattr(body, "seek"):  # a part or object body as botocore sends it
+            here = body.tell()
+            size = body.seek(0, os.SEEK_END) - here
+            body.seek(here)
+        else:
+            size = len(body or b"")
+        seen.append((event_name.rsplit(".", 1)[-1], size, request.headers.get("Expect")))
+
+    client.meta.events.register("before-send.s3", record)
+    try:
+        (replica,) = replicate_now(checkpoint)
+    finally:
+        client.meta.events.unregister("before-send.s3", record)
+    assert replica.status == "verified", replica.last_error
+    puts = [s for s in seen if s[0] == "PutObject"]
+    parts = [s for s in seen if s[0] == "UploadPart"]
+    assert len(puts) == 5 + 1  # the small files and the manifest
+    assert all(expect is None for _, _, expect in puts), puts
+    assert sorted(size for _, size, _ in parts) == [1 * MiB, 5 * MiB]
+    expects = {size: expect for _, size, expect in parts}
+    assert expects[5 * MiB] in ("100-continue", b"100-continue"), parts
+    assert expects[1 * MiB] is None, parts

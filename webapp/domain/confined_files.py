@@ -33,6 +33,7 @@ import errno
 import os
 import shutil
 import stat
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -77,6 +78,7 @@ class Root:
         self.path = os.path.normpath(path)
         self.real = os.path.realpath(path)
         self._fd: int | None = None
+        self._lock = threading.Lock()
 
     @classmethod
     def opened(cls, path: str, fd: int) -> Root:
@@ -84,12 +86,16 @@ class Root:
         root = cls.__new__(cls)
         root.path = root.real = os.path.normpath(path)
         root._fd = fd
+        root._lock = threading.Lock()
         return root
 
     def fd(self) -> int:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        return self._fd
+        # Locked: the files of a replica are opened from one Tree by several threads, and
+        # two first calls at once would open the root twice and leak a descriptor.
+        with self._lock:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            return self._fd
 
     def close(self) -> None:
         if self._fd is not None:

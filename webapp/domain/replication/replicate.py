@@ -14,6 +14,7 @@ last, record. workers.replicate calls these; each step is safe to repeat.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -134,38 +135,56 @@ class _Progress:
         )
 
 
-def _open_source(checkpoint, path: str):
-    """The file `path` of the checkpoint, opened for reading: under an allowed root
-    (resolved as validation does), or streamed from s3://."""
+@contextlib.contextmanager
+def _sources(checkpoint):
+    """Yields open(path): the file `path` of the checkpoint, opened for reading, under an
+    allowed root (resolved as validation does), or streamed from s3://. The roots are
+    opened once for all the files (resolving them per file cost a tenth of the time of a
+    checkpoint of small files); every file is still opened by its own confined walk."""
     from webapp.domain.validation import integrity
 
     location = checkpoint.location
     if location.startswith("s3://"):
         from webapp.domain.replication.storage import s3_client
 
-        bucket, prefix = integrity.split_s3(location.rstrip("/") + "/" + path)
         if not integrity.s3_allowed(location, checkpoint.project.allowed_roots):
             raise SourceUnavailable(f"{location} is outside the project's allowed roots")
-        client = s3_client(checkpoint.project, bucket)
-        try:
-            return client.get_object(Bucket=bucket, Key=prefix)["Body"]
-        except client.exceptions.NoSuchKey:
-            raise SourceUnavailable(f"{path} is gone from {location}") from None
+
+        def open_s3(path: str):
+            bucket, key = integrity.split_s3(location.rstrip("/") + "/" + path)
+            client = s3_client(checkpoint.project, bucket)
+            try:
+                return client.get_object(Bucket=bucket, Key=key)["Body"]
+            except client.exceptions.NoSuchKey:
+                raise SourceUnavailable(f"{path} is gone from {location}") from None
+
+        yield open_s3
+        return
     # A one-file checkpoint's location is the file itself (its one path is its name).
     # Opened by a confined walk from an allowed root's descriptor: a symlink out of the
     # roots, at any level and even one swapped in now, is refused, not followed.
     from webapp.domain import confined_files
 
-    single = checkpoint.file_count == 1 and os.path.basename(location.rstrip("/")) == path
-    try:
-        with confined_files.Tree(checkpoint.project.allowed_roots) as tree:
+    single = checkpoint.file_count == 1
+    with confined_files.Tree(checkpoint.project.allowed_roots) as tree:
+        try:
             place = tree.locate(location, "location")
-            fd = tree.open_read(place if single else place.join(path, "file path"))
-    except confined_files.Refused as exc:
-        raise SourceUnavailable(str(exc)) from None
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        raise SourceUnavailable(f"{path} is gone from {location}") from None
-    return os.fdopen(fd, "rb", buffering=0)
+        except confined_files.Refused as exc:
+            raise SourceUnavailable(str(exc)) from None
+
+        def open_file(path: str):
+            try:
+                if single and os.path.basename(location.rstrip("/")) == path:
+                    fd = tree.open_read(place)
+                else:
+                    fd = tree.open_read(place.join(path, "file path"))
+            except confined_files.Refused as exc:
+                raise SourceUnavailable(str(exc)) from None
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                raise SourceUnavailable(f"{path} is gone from {location}") from None
+            return os.fdopen(fd, "rb", buffering=0)
+
+        yield open_file
 
 
 def _present(client, bucket: str, key: str, sha256: str, size: int) -> bool:
@@ -280,25 +299,26 @@ def send(claimed: Claim) -> dict:
     worth_a_look = _worth_a_look(replica, claimed)
     progress = _Progress(replica.pk)
     try:
-        skipped = fanout.send_files(
-            client,
-            bucket,
-            replica.files,
-            open_source=lambda path: _open_source(checkpoint, path),
-            present=lambda e: (
-                worth_a_look(e) and _present(client, bucket, e["key"], e["sha256"], e["size"])
-            ),
-            tally=progress.tally,
-            on_wake=progress.wake,
-            files_at_once=settings.REPLICATION_FILES_AT_ONCE,
-            upload_kwargs={
-                "part_size": settings.REPLICATION_PART_SIZE,
-                "concurrency": settings.REPLICATION_CONCURRENCY,
-                "storage_class": target.storage_class,
-                "throttle": Throttle(settings.REPLICATION_MAX_BYTES_PER_S),
-                "part_checksum": settings.REPLICATION_PART_CHECKSUM,
-            },
-        )
+        with _sources(checkpoint) as open_source:
+            skipped = fanout.send_files(
+                client,
+                bucket,
+                replica.files,
+                open_source=open_source,
+                present=lambda e: (
+                    worth_a_look(e) and _present(client, bucket, e["key"], e["sha256"], e["size"])
+                ),
+                tally=progress.tally,
+                on_wake=progress.wake,
+                files_at_once=settings.REPLICATION_FILES_AT_ONCE,
+                upload_kwargs={
+                    "part_size": settings.REPLICATION_PART_SIZE,
+                    "concurrency": settings.REPLICATION_CONCURRENCY,
+                    "storage_class": target.storage_class,
+                    "throttle": Throttle(settings.REPLICATION_MAX_BYTES_PER_S),
+                    "part_checksum": settings.REPLICATION_PART_CHECKSUM,
+                },
+            )
     finally:
         progress.flush()
     sent_files = len(replica.files) - len(skipped)

@@ -57,8 +57,27 @@ def client(
                     s3={"payload_signing_enabled": False},
                 ),
             )
+            made.meta.events.register_last("before-call.s3", _no_expect_for_small_bodies)
             _clients[cache_key] = made
     return made
+
+
+# botocore asks for "Expect: 100-continue" on every upload, so each one waits a round
+# trip for the server's go-ahead before it sends the body. That saves sending a large body
+# the server would refuse; for a small one it only doubles the round trips (a checkpoint
+# of 10,000 small files: 0.76x the files per second, bench/s3_requests.py).
+SMALL_BODY = 1024 * 1024
+
+
+def _no_expect_for_small_bodies(params, **kwargs) -> None:
+    from botocore.utils import determine_content_length
+
+    headers = params.get("headers", {})
+    if headers.get("Expect") != "100-continue":
+        return
+    length = determine_content_length(params.get("body"))
+    if length is not None and length <= SMALL_BODY:
+        del headers["Expect"]
 
 
 def s3_client(project=None, bucket: str | None = None):
