@@ -20,6 +20,7 @@ same limits a fresh child gets, so a restore test does not pay for `import torch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -61,9 +62,8 @@ def _load_dcp(base: str, root: str, files: set[str], result: dict, device, use_c
 
     from webapp.domain.validation.inspect_common import Report, join
     from webapp.domain.validation.inspect_dcp import (
-        ShardReader,
         check_dcp_shards,
-        load_dcp_chunk,
+        dcp_chunks,
         read_dcp_metadata,
     )
 
@@ -74,21 +74,12 @@ def _load_dcp(base: str, root: str, files: set[str], result: dict, device, use_c
     # checkpoint always passes; a .metadata naming "../x" is never followed).
     if metadata is None or not check_dcp_shards(base, root, metadata, files, report):
         raise RuntimeError(report.findings[0]["message"] if report.findings else meta_rel)
-    items = sorted(
-        metadata.storage_data.items(),
-        key=lambda item: (str(item[1].relative_path), int(item[1].offset)),
-    )
-    shard, moving, loaded = ShardReader(base, root), 0.0, set()
-    try:
-        for index, info in items:
-            item = metadata.state_dict_metadata.get(getattr(index, "fqn", None))
-            if getattr(item, "properties", None) is None:
-                continue  # a bytes item: pickled Python objects, not tensors
-            said = len(report.findings)
-            tensor = load_dcp_chunk(shard, index, info, item, report)
+    moving, loaded = 0.0, set()
+    with contextlib.closing(dcp_chunks(base, root, metadata, report)) as chunks:
+        for _, info, tensor in chunks:
             if tensor is None:
-                if len(report.findings) > said:  # it does not load: say why
-                    raise RuntimeError(report.findings[said]["message"])
+                if report.findings:  # it does not load: say why
+                    raise RuntimeError(report.findings[0]["message"])
                 continue  # a transformed (compressed) chunk: not read here
             loaded.add(join(root, info.relative_path))
             result["tensors"] += 1
@@ -101,8 +92,6 @@ def _load_dcp(base: str, root: str, files: set[str], result: dict, device, use_c
                 tensor.sum()  # every byte read, as for the other formats
             moving += time.perf_counter() - started
             del tensor
-    finally:
-        shard.close()
     result["loaded"] += [meta_rel, *sorted(loaded)]
     return moving
 

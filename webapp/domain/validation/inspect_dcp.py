@@ -4,6 +4,7 @@ and long enough, every chunk scanned in place, one shard mapped at a time."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import mmap
@@ -257,22 +258,8 @@ def scan_dcp_tensors(
     counted in an info finding."""
     stats: dict[str, list] = {}  # fqn -> [NaN, Inf, all zero so far]
     skipped = 0
-    items = sorted(
-        (
-            item
-            for item in metadata.storage_data.items()
-            if scan is None or join(root, str(item[1].relative_path)) in scan
-        ),
-        key=lambda item: (str(item[1].relative_path), int(item[1].offset)),
-    )
-    shard = ShardReader(base, root)
-    try:
-        for index, info in items:
-            fqn = getattr(index, "fqn", None)
-            item = metadata.state_dict_metadata.get(fqn)
-            if getattr(item, "properties", None) is None:
-                continue  # a bytes item
-            tensor = load_dcp_chunk(shard, index, info, item, report)
+    with contextlib.closing(dcp_chunks(base, root, metadata, report, scan)) as chunks:
+        for fqn, _, tensor in chunks:
             if tensor is None:
                 skipped += 1
                 continue
@@ -286,8 +273,6 @@ def scan_dcp_tensors(
             totals[0] += nan
             totals[1] += inf
             totals[2] = totals[2] and all_zero
-    finally:
-        shard.close()
     planner = getattr(metadata, "planner_data", None)
     roles = dcp_roles(meta_rel, list(metadata.state_dict_metadata), planner)
     for fqn, (nan, inf, all_zero) in stats.items():
@@ -307,6 +292,33 @@ def scan_dcp_tensors(
             f"{plural(skipped, 'DCP chunk was', 'DCP chunks were')} not scanned for NaN "
             "(transformed, unsafe, or unreadable)",
         )
+
+
+def dcp_chunks(base: str, root: str, metadata, report: Report, scan: set[str] | None = None):
+    """Yields (fqn, storage info, tensor) for every tensor chunk stored in the shards
+    `scan` (paths relative to base; all when None), in shard and offset order, one shard
+    mapped at a time: the one walk over a DCP folder's chunks, for validation's scan and
+    the restore test's load. The tensor is None for a chunk not read: one that does not
+    load (load_dcp_chunk added a finding saying why) or a transformed one. Close the
+    generator (contextlib.closing) to unmap the last shard at once."""
+    items = sorted(
+        (
+            item
+            for item in metadata.storage_data.items()
+            if scan is None or join(root, str(item[1].relative_path)) in scan
+        ),
+        key=lambda item: (str(item[1].relative_path), int(item[1].offset)),
+    )
+    shard = ShardReader(base, root)
+    try:
+        for index, info in items:
+            fqn = getattr(index, "fqn", None)
+            item = metadata.state_dict_metadata.get(fqn)
+            if getattr(item, "properties", None) is None:
+                continue  # a bytes item: pickled Python objects, not tensors
+            yield fqn, info, load_dcp_chunk(shard, index, info, item, report)
+    finally:
+        shard.close()
 
 
 class ShardReader:
