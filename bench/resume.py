@@ -4,8 +4,11 @@ copy is gone (so it comes back from S3), beside the floor measured in the same r
     .venv/bin/python bench/resume.py                       # 1 GiB in 8 shards, 3 rounds
     .venv/bin/python bench/resume.py --total 256MiB --rounds 2
     .venv/bin/python bench/resume.py --launcher local,slurm   # Slurm too (sbatch here)
+    .venv/bin/python bench/resume.py --shape dcp      # a DCP folder saved by 8 gloo ranks
 
-Setup: a checkpoint of --shards torch files (--total bytes), verified, replicated to the
+Setup: a checkpoint of --shards torch files (--total bytes), or with --shape dcp a
+torch.distributed.checkpoint folder saved by --shards ranks (bench/corpus.py; the job
+loads it with DCP's own loader, no process group), verified, replicated to the
 S3 server (S3_ENDPOINT_URL, default the shared SeaweedFS on :8333), and a launch profile
 of each --launcher kind (`local`; `slurm`, which needs sbatch and a node that sees this
 checkout, such as the single-node cluster of scripts/slurm_single_node.sh) running
@@ -49,8 +52,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 MiB = 1024 * 1024
 LOAD = (
     "import sys, time, torch\n"
+    "from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys\n"
     "for f in sys.argv[1:]:\n"
-    "    s = torch.load(f, map_location='cpu', weights_only=True); del s\n"
+    "    if f.endswith('/.metadata'):\n"
+    "        s = _load_state_dict_from_keys(checkpoint_id=f.rsplit('/', 1)[0]); del s; break\n"
+    "    if not f.endswith('.distcp'):\n"
+    "        s = torch.load(f, map_location='cpu', weights_only=True); del s\n"
     "print(f'LOADED {time.time():.6f}')\n"
 )
 
@@ -85,7 +92,8 @@ def first_step(log: Path, timeout: float = 600) -> float:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--total", default="1GiB")
-    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--shards", type=int, default=8, help="torch files, or DCP ranks")
+    parser.add_argument("--shape", choices=("torch", "dcp"), default="torch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--launcher", default="local", help="launch profile kinds, comma-separated: local,slurm"
@@ -232,8 +240,13 @@ def main() -> int:
     client.create_bucket(Bucket=args.bucket)
     total = corpus.parse_size(args.total)
     folder = work / "ckpts" / "run" / "step-100"
-    print(f"writing {args.shards} shards, {total / MiB:,.0f} MiB ...", flush=True)
-    files = write_shards(folder, args.shards, total)
+    print(f"writing {args.shards} {args.shape} shards, {total / MiB:,.0f} MiB ...", flush=True)
+    if args.shape == "dcp":
+        folder.parent.mkdir(parents=True)
+        corpus.write("dcp", work / "written", total, ranks=args.shards).rename(folder)
+        files = corpus.manifest(folder)
+    else:
+        files = write_shards(folder, args.shards, total)
     size = sum(f["size"] for f in files)
     checkpoint, replica, profiles = record(args, work, folder, files)
     try:
@@ -244,7 +257,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     best = {k: min(v) for k, v in results.items()}
     print()
-    print(f"{len(files)} shards, {size / MiB:,.0f} MiB, {args.rounds} rounds, "
+    print(f"{args.shape}: {len(files)} files, {size / MiB:,.0f} MiB, {args.rounds} rounds, "
           f"S3 at {args.endpoint}, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     print(f"{'':16} {'best s':>8} {'median s':>9} {'x floor':>8}")
