@@ -22,6 +22,11 @@ when a worker copies a checkpoint the job has just written and validation has re
               pass as the upload, a CRC32 on every part checked by the server, a HEAD of
               every object before it is sent (deduplication), the manifest last
 
+  lifeboat/N  (--split N) the tree's files cut into N checkpoints, replicated at once by N
+              processes, each running the replicate task on its share: what a replica
+              spread over N worker processes could reach at best (not how Lifeboat
+              sends one replica, which is one task in one process)
+
 Each phase writes under a fresh prefix (nothing is skipped as already there) and the
 prefix is deleted after. Target (issue #20): lifeboat >= 0.9x the best baseline.
 """
@@ -143,6 +148,9 @@ def main() -> int:
     parser.add_argument("--boto3", default="10,32", help="TransferManager concurrencies")
     parser.add_argument("--rclone", default="4,16,32", help="rclone --transfers values")
     parser.add_argument(
+        "--split", default="", help="also lifeboat/N: the files in N replicas at once (2,3)"
+    )
+    parser.add_argument(
         "--endpoint", default=os.environ.get("S3_ENDPOINT_URL", "http://127.0.0.1:8333")
     )
     parser.add_argument("--bucket", default=f"bench-replicate-{uuid.uuid4().hex[:6]}")
@@ -186,14 +194,7 @@ def main() -> int:
 def measure(args, client, location: Path, files: list[dict]) -> dict[str, list[float]]:
     from django.conf import settings
 
-    from webapp.domain.models import (
-        Checkpoint,
-        CheckpointFile,
-        Project,
-        Replica,
-        Run,
-        StorageTarget,
-    )
+    from webapp.domain.models import Project, Replica, Run
     from workers.replicate import replicate
 
     project, _ = Project.objects.get_or_create(
@@ -206,6 +207,7 @@ def measure(args, client, location: Path, files: list[dict]) -> dict[str, list[f
     phases = [f"boto3 x{n}" for n in args.boto3.split(",") if n]
     phases += [f"rclone x{n}" for n in args.rclone.split(",") if n]
     phases.append("lifeboat")
+    phases += [f"lifeboat/{n}" for n in args.split.split(",") if n]
     results: dict[str, list[float]] = {name: [] for name in phases}
     size = sum(f["size"] for f in files)
     for round_ in range(args.rounds):
@@ -219,27 +221,24 @@ def measure(args, client, location: Path, files: list[dict]) -> dict[str, list[f
             elif name.startswith("rclone"):
                 n = int(name.split("x")[1])
                 rclone_phase(args.endpoint, args.bucket, prefix, location, n)
-            else:
-                checkpoint = Checkpoint.objects.create(
-                    project=project, run=run, step=Checkpoint.objects.count() + 1,
-                    location=str(location), total_size=size, file_count=len(files),
-                    status="verified",
-                )  # fmt: skip
-                CheckpointFile.objects.bulk_create(
-                    CheckpointFile(checkpoint=checkpoint, **f) for f in files
-                )
-                target = StorageTarget.objects.create(
-                    project=project, name=prefix, bucket=args.bucket, prefix=prefix,
-                    endpoint_url=args.endpoint,
-                )  # fmt: skip
-                replica = Replica.objects.create(checkpoint=checkpoint, target=target)
+            elif name.startswith("lifeboat/"):
+                n = int(name.split("/")[1])
+                shares = [files[i * len(files) // n : (i + 1) * len(files) // n] for i in range(n)]
+                replicas = [
+                    record(project, run, location, share, args, f"{prefix}-{i}")
+                    for i, share in enumerate(shares)
+                ]
                 start = time.perf_counter()
-                outcome = replicate(replica.pk)
+                replicate_at_once(replicas)
+            else:
+                replica_id = record(project, run, location, files, args, prefix)
+                start = time.perf_counter()
+                outcome = replicate(replica_id)
                 if outcome != "verified":
-                    replica.refresh_from_db()
-                    raise SystemExit(f"replication did not verify: {replica.last_error}")
+                    error = Replica.objects.get(pk=replica_id).last_error
+                    raise SystemExit(f"replication did not verify: {error}")
             results[name].append(time.perf_counter() - start)
-            delete_prefix(client, args.bucket, prefix + "/")
+            delete_prefix(client, args.bucket, prefix)  # and prefix-0/, prefix-1/...
         print(
             f"round {round_ + 1}: "
             + ", ".join(
@@ -254,6 +253,43 @@ def measure(args, client, location: Path, files: list[dict]) -> dict[str, list[f
         "parts in memory at most"
     )
     return results
+
+
+def record(project, run, location: Path, files: list[dict], args, prefix: str) -> int:
+    """`files` of `location` as a verified checkpoint with a replica to make; its id."""
+    from webapp.domain.models import Checkpoint, CheckpointFile, Replica, StorageTarget
+
+    checkpoint = Checkpoint.objects.create(
+        project=project, run=run, step=Checkpoint.objects.count() + 1, location=str(location),
+        total_size=sum(f["size"] for f in files), file_count=len(files), status="verified",
+    )  # fmt: skip
+    CheckpointFile.objects.bulk_create(CheckpointFile(checkpoint=checkpoint, **f) for f in files)
+    target = StorageTarget.objects.create(
+        project=project, name=prefix, bucket=args.bucket, prefix=prefix,
+        endpoint_url=args.endpoint,
+    )  # fmt: skip
+    return Replica.objects.create(checkpoint=checkpoint, target=target).pk
+
+
+def _replicate_in_child(replica_id: int) -> str:
+    from django.db import connections
+
+    connections.close_all()  # the parent's, inherited by the fork: never used here
+    from workers.replicate import replicate
+
+    return str(replicate(replica_id))
+
+
+def replicate_at_once(replica_ids: list[int]) -> None:
+    import multiprocessing
+
+    from django.db import connections
+
+    connections.close_all()
+    with multiprocessing.get_context("fork").Pool(len(replica_ids)) as pool:
+        outcomes = pool.map(_replicate_in_child, replica_ids)
+    if set(outcomes) != {"verified"}:
+        raise SystemExit(f"replication did not verify: {outcomes}")
 
 
 def report(shape: str, results: dict[str, list[float]], files: list[dict], args) -> None:

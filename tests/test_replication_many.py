@@ -167,3 +167,36 @@ def test_a_small_object_is_sent_without_waiting_for_100_continue(
     expects = {size: expect for _, size, expect in parts}
     assert expects[5 * MiB] in ("100-continue", b"100-continue"), parts
     assert expects[1 * MiB] is None, parts
+
+
+def test_a_forked_process_never_sends_on_its_parents_connections(s3, settings):
+    """A process forked after the parent used its S3 client (a Celery prefork child, a
+    pool) gets a client of its own: two processes writing on one pooled socket mix their
+    bytes, and the server refuses the bodies (BadDigest)."""
+    from webapp.domain.replication import storage
+
+    def make():
+        return storage.client(s3.endpoint, "us-east-1", s3.key, s3.secret)
+
+    parent = make()
+    parent.put_object(Bucket=s3.bucket, Key="fork-test/parent", Body=b"p")  # a pooled socket
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answers 1 if it got the parent's client, else sends
+        os.close(read)
+        try:
+            child = make()
+            mine = child is not parent
+            if mine:
+                child.put_object(Bucket=s3.bucket, Key="fork-test/child", Body=b"c")
+            os.write(write, b"0" if mine else b"1")
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert answer == b"0", "the forked process was handed its parent's client"
+    assert make() is parent  # still one client per process
+    body = parent.get_object(Bucket=s3.bucket, Key="fork-test/child")["Body"].read()
+    assert body == b"c"

@@ -4,6 +4,7 @@ webapp.domain.replication.targets.client_for) alike."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 from django.conf import settings
@@ -32,7 +33,10 @@ def client(
     # Room for every file on the wire at once (replication.fanout) and the parts of each.
     pool = pool or max(settings.REPLICATION_CONCURRENCY, settings.REPLICATION_FILES_AT_ONCE) + 2
     retries = retries or settings.REPLICATION_S3_RETRIES
-    cache_key = (endpoint or None, region, key, secret, pool, retries)
+    # Keyed by process too: a forked process (a Celery prefork child, a pool) inherits the
+    # cache, and two processes sending on the same pooled sockets interleave their bytes
+    # (seen: BadDigest on small objects, the server refusing the mixed bodies).
+    cache_key = (os.getpid(), endpoint or None, region, key, secret, pool, retries)
     with _clients_lock:
         made = _clients.get(cache_key)
         if made is None:
