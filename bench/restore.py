@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/restore.py                 # a 1 GiB torch checkpoint, 3 rounds
     .venv/bin/python bench/restore.py --size-mib 256 --rounds 5
+    .venv/bin/python bench/restore.py --shape dcp     # a DCP folder saved by 8 gloo ranks
 
 Setup: a torch checkpoint of --size-mib MiB (a state dict of 64 MiB float32 tensors) is
 written, recorded as a verified checkpoint (on a scratch SQLite) and replicated to the
@@ -9,7 +10,10 @@ S3 server at :8333 (S3_ENDPOINT_URL) by the real replicate task. Then, alternate
 by round:
 
   boto3      client.download_file(bucket, key, path) of the replica's object, then
-             torch.load(path, weights_only=True): no checksum, nothing else
+             torch.load(path, weights_only=True): no checksum, nothing else. With
+             --shape dcp (bench/corpus.py: .metadata and 8 .distcp shards), every object
+             downloaded at once (TransferManager, 10 threads), then DCP's own loader in
+             this process (no process group)
   lifeboat   a restore test as the restore worker runs it (webapp/domain/recovery/restore_test.py):
              the manifest read, every file downloaded and its sha256 checked in the same
              pass, the load in a child process (weights_only), every tensor moved to the
@@ -47,6 +51,7 @@ MiB = 1024 * 1024
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--shape", choices=("torch", "dcp"), default="torch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--endpoint", default=os.environ.get("S3_ENDPOINT_URL", "http://127.0.0.1:8333")
@@ -121,17 +126,31 @@ def record_and_replicate(work: Path, location: Path, files: list[dict], bucket: 
     return checkpoint, {entry["path"]: entry["key"] for entry in replica.files}
 
 
-def boto3_round(client, bucket: str, key: str, work: Path) -> float:
+def boto3_round(client, bucket: str, keys: dict[str, str], work: Path) -> float:
+    """Every object downloaded (no checksum), then loaded: torch.load of the one file, or
+    DCP's loader of the folder."""
     import torch
+    from boto3.s3.transfer import TransferConfig
+    from s3transfer.manager import TransferManager
 
-    target_path = work / "boto3" / "model.pt"
-    target_path.parent.mkdir(exist_ok=True)
+    folder = work / "boto3"
+    folder.mkdir(exist_ok=True)
     start = time.perf_counter()
-    client.download_file(bucket, key, str(target_path))
-    loaded = torch.load(target_path, weights_only=True)
+    if len(keys) == 1:
+        ((path, key),) = keys.items()
+        client.download_file(bucket, key, str(folder / path))
+        loaded = torch.load(folder / path, weights_only=True)
+    else:
+        config = TransferConfig(max_concurrency=10, multipart_chunksize=8 * MiB)
+        with TransferManager(client, config) as manager:
+            for path, key in keys.items():
+                manager.download(bucket, key, str(folder / path))
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+        loaded = _load_state_dict_from_keys(checkpoint_id=str(folder))
     elapsed = time.perf_counter() - start
     del loaded
-    shutil.rmtree(target_path.parent)
+    shutil.rmtree(folder)
     return elapsed
 
 
@@ -158,7 +177,7 @@ class Rounds:
     cold: float = 0.0
 
 
-def run_rounds(args, client, bucket: str, key: str, work: Path, checkpoint) -> Rounds:
+def run_rounds(args, client, bucket: str, keys: dict, work: Path, checkpoint) -> Rounds:
     """One cold round (the restore test starts the loader), then the warm rounds."""
     from webapp.domain.recovery import restore_test
     from webapp.domain.validation.inspector import warm_helper
@@ -166,14 +185,14 @@ def run_rounds(args, client, bucket: str, key: str, work: Path, checkpoint) -> R
     rounds = Rounds()
     # Cold: no loader yet, so this restore test starts it (and imports torch).
     warm_helper(restore_test.LOADER_MODULE).stop()
-    cold_boto3 = boto3_round(client, bucket, key, work)
+    cold_boto3 = boto3_round(client, bucket, keys, work)
     cold, cold_timings = lifeboat_round(checkpoint)
     rounds.cold_boto3, rounds.cold = cold_boto3, cold
     print(f"cold round: boto3 {cold_boto3:.2f} s, lifeboat {cold:.2f} s "
           f"({cold / cold_boto3:.2f}x; load phase {cold_timings['load_s']:.2f} s, "
           f"total_s {cold_timings['total_s']:.2f} s)", flush=True)  # fmt: skip
     for round_ in range(args.rounds):
-        rounds.boto3.append(boto3_round(client, bucket, key, work))
+        rounds.boto3.append(boto3_round(client, bucket, keys, work))
         elapsed, timings = lifeboat_round(checkpoint)
         rounds.lifeboat.append(elapsed)
         rounds.phases.append(timings)
@@ -200,11 +219,12 @@ def print_results(args, size: int, rounds: Rounds, load_before, load_after) -> N
     lifeboat_s = statistics.median(rounds.lifeboat)
     cold, cold_boto3, phases = rounds.cold, rounds.cold_boto3, rounds.phases
     print()
-    print(f"{size / MiB:.0f} MiB checkpoint, {args.rounds} rounds, S3 at {args.endpoint}, "
+    print(f"{size / MiB:.0f} MiB {args.shape} checkpoint, {args.rounds} rounds, "
+          f"S3 at {args.endpoint}, "
           f"{os.cpu_count()} CPUs; load average {load_before[0]:.2f} before, "
           f"{load_after[0]:.2f} after")  # fmt: skip
     print(f"{'':34} {'median s':>9} {'MiB/s':>7} {'x boto3':>8}")
-    print(f"{'boto3 download_file + torch.load':34} {boto3_s:9.2f} {size / MiB / boto3_s:7.0f} "
+    print(f"{'boto3 download + load':34} {boto3_s:9.2f} {size / MiB / boto3_s:7.0f} "
           f"{1.0:8.2f}")  # fmt: skip
     print(f"{'lifeboat restore test (warm)':34} {lifeboat_s:9.2f} "
           f"{size / MiB / lifeboat_s:7.0f} {lifeboat_s / boto3_s:8.2f}")  # fmt: skip
@@ -239,20 +259,27 @@ def main() -> int:
     work, client, bucket = scratch_and_bucket(args, "restore")
     directory = work / "ckpt"
     directory.mkdir()
-    path = directory / "model.pt"
-    write_checkpoint(path, args.size_mib)
-    size = path.stat().st_size
-    from lifeboat.download import sha256_of
+    if args.shape == "dcp":
+        import bench.corpus as corpus
 
-    files = [{"path": path.name, "size": size, "sha256": sha256_of(path)}]
-    recorded = record_and_replicate(work, path, files, bucket, args.endpoint)
+        print(f"writing a {args.size_mib} MiB DCP checkpoint (8 ranks) ...", flush=True)
+        location = corpus.write("dcp", directory, args.size_mib * MiB, ranks=8)
+        files = corpus.manifest(location)
+    else:
+        location = directory / "model.pt"
+        write_checkpoint(location, args.size_mib)
+        from lifeboat.download import sha256_of
+
+        files = [{"path": location.name, "size": location.stat().st_size,
+                  "sha256": sha256_of(location)}]  # fmt: skip
+    size = sum(f["size"] for f in files)
+    recorded = record_and_replicate(work, location, files, bucket, args.endpoint)
     if recorded is None:
         return 1
     checkpoint, keys = recorded
-    key = keys[path.name]
     load_before = os.getloadavg()
     try:
-        rounds = run_rounds(args, client, bucket, key, work, checkpoint)
+        rounds = run_rounds(args, client, bucket, keys, work, checkpoint)
     finally:
         remove_bucket(client, bucket)
         shutil.rmtree(work, ignore_errors=True)
