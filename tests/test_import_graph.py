@@ -193,3 +193,19 @@ def test_the_checker_sees_a_cycle_and_an_arrow_to_workers(tmp_path):
     assert "workers.validate" in imports("webapp.domain.enqueue", module, top_level_only=False)
     assert "workers.validate" not in imports("webapp.domain.enqueue", module, top_level_only=True)
     assert graph()["workers.celery"] >= {"webapp.domain.publish"}
+
+
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_of_the_product_is_over_500_lines():
+    """Small modules with names that explain themselves: a module past 500 lines is split
+    (a rule of the codebase; migrations, written by makemigrations, are left out)."""
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for top in (*TOP, "bench", "scripts")
+        for path in (ROOT / top).rglob("*.py")
+        if "migrations" not in path.parts
+        and (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"

@@ -4,6 +4,8 @@
   a project may use;
 - targets: boto3 clients for a target and where objects go on it;
 - policy: which verified checkpoints each target receives, and enqueueing them;
+- sources: a checkpoint's files opened for sending (confined to the allowed roots, or
+  streamed from s3://);
 - fanout: a checkpoint's files sent at once within one memory budget;
 - upload: one file streamed to S3, hashed in the same pass, checksummed per part;
 - replicate: one replica made and verified (called by workers.replicate);

@@ -14,11 +14,9 @@ last, record. workers.replicate calls these; each step is safe to repeat.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import json
 import logging
-import os
 import socket
 import time
 from dataclasses import dataclass, field
@@ -29,16 +27,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp.domain.replication import fanout, targets
+from webapp.domain.replication.sources import SourceUnavailable, sources
 from webapp.domain.replication.upload import Throttle, abort_quietly
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 1.0
 MANIFEST_FORMAT = "lifeboat.replica/1"
-
-
-class SourceUnavailable(Exception):
-    """The checkpoint's files cannot be read (gone, refused): permanent."""
 
 
 @dataclass
@@ -133,58 +128,6 @@ class _Progress:
             lease_until=timezone.now() + timedelta(seconds=settings.REPLICATION_LEASE_S),
             **extra,
         )
-
-
-@contextlib.contextmanager
-def _sources(checkpoint):
-    """Yields open(path): the file `path` of the checkpoint, opened for reading, under an
-    allowed root (resolved as validation does), or streamed from s3://. The roots are
-    opened once for all the files (resolving them per file cost a tenth of the time of a
-    checkpoint of small files); every file is still opened by its own confined walk."""
-    from webapp.domain.validation import integrity
-
-    location = checkpoint.location
-    if location.startswith("s3://"):
-        from webapp.domain.replication.storage import s3_client
-
-        if not integrity.s3_allowed(location, checkpoint.project.allowed_roots):
-            raise SourceUnavailable(f"{location} is outside the project's allowed roots")
-
-        def open_s3(path: str):
-            bucket, key = integrity.split_s3(location.rstrip("/") + "/" + path)
-            client = s3_client(checkpoint.project, bucket)
-            try:
-                return client.get_object(Bucket=bucket, Key=key)["Body"]
-            except client.exceptions.NoSuchKey:
-                raise SourceUnavailable(f"{path} is gone from {location}") from None
-
-        yield open_s3
-        return
-    # A one-file checkpoint's location is the file itself (its one path is its name).
-    # Opened by a confined walk from an allowed root's descriptor: a symlink out of the
-    # roots, at any level and even one swapped in now, is refused, not followed.
-    from webapp.domain import confined_files
-
-    single = checkpoint.file_count == 1
-    with confined_files.Tree(checkpoint.project.allowed_roots) as tree:
-        try:
-            place = tree.locate(location, "location")
-        except confined_files.Refused as exc:
-            raise SourceUnavailable(str(exc)) from None
-
-        def open_file(path: str):
-            try:
-                if single and os.path.basename(location.rstrip("/")) == path:
-                    fd = tree.open_read(place)
-                else:
-                    fd = tree.open_read(place.join(path, "file path"))
-            except confined_files.Refused as exc:
-                raise SourceUnavailable(str(exc)) from None
-            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-                raise SourceUnavailable(f"{path} is gone from {location}") from None
-            return os.fdopen(fd, "rb", buffering=0)
-
-        yield open_file
 
 
 def _present(client, bucket: str, key: str, sha256: str, size: int) -> bool:
@@ -299,7 +242,7 @@ def send(claimed: Claim) -> dict:
     worth_a_look = _worth_a_look(replica, claimed)
     progress = _Progress(replica.pk)
     try:
-        with _sources(checkpoint) as open_source:
+        with sources(checkpoint) as open_source:
             skipped = fanout.send_files(
                 client,
                 bucket,
