@@ -170,6 +170,9 @@ def run_checks(validation_id: int):
                 s3_client(project, bucket),
                 str(scratch),
                 progress,
+                # Objects fetched at once, each hashed as it comes (bench/validate_s3.py:
+                # 2 GiB in 8 shards, 4.18 s one at a time, 2.82 s two at once on 2 cores).
+                workers=parallelism(),
             )
         else:
             checked_view.raise_open_file_limit(len(specs))

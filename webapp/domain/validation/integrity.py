@@ -304,9 +304,12 @@ def check_s3(
     client,
     scratch: str,
     progress: Progress | None = None,
+    *,
+    workers: int = 1,
 ) -> IntegrityReport:
     """Stream each object through sha256 into `scratch` (one pass over the network),
-    so the load check can then read the same bytes from local disk."""
+    so the load check can then read the same bytes from local disk; up to `workers`
+    objects at once (an object store serves one stream slowly and several quickly)."""
     started = time.perf_counter()
     report = IntegrityReport()
     if ".." in location.split("/") or not s3_allowed(location, allowed_roots):
@@ -322,24 +325,37 @@ def check_s3(
     bucket, prefix = split_s3(location)
     single = len(files) == 1 and prefix.rstrip("/").endswith("/" + files[0].path)
     report.base, report.single_file = scratch, single
+    lock = threading.Lock()
     # The job names the files: each is written under `scratch` by a confined walk, so a
     # path with '..', an absolute path or a symlink in scratch cannot write elsewhere.
     with confined_files.Tree([scratch]) as tree:
         top = tree.locate(scratch)
-        for spec in files:
+
+        def one(spec: FileSpec) -> list[Finding]:
             try:
                 target = top.join(spec.path, "file path")
             except confined_files.Refused as exc:
-                report.findings.append(Finding("refused", "path_escapes", str(exc), spec.path))
-                continue
+                return [Finding("refused", "path_escapes", str(exc), spec.path)]
             key = prefix if single else prefix.rstrip("/") + "/" + spec.path
-            found = _fetch_one(client, bucket, key, spec, tree, target, report, progress)
-            report.findings.extend(found)
+            per_file = _file_progress(progress, spec.path)
+            found = _fetch_one(client, bucket, key, spec, tree, target, report, per_file, lock)
+            if progress is not None and hasattr(progress, "file_done"):
+                progress.file_done(spec.path, spec.size)
+            return found
+
+        workers = max(1, min(workers, len(files)))
+        if workers == 1:
+            results = [one(spec) for spec in files]
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="lifeboat-fetch") as pool:
+                results = list(pool.map(one, files))
+    for found in results:  # in the order of the files, however they finished
+        report.findings.extend(found)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _fetch_one(client, bucket, key, spec: FileSpec, tree, target, report, progress):
+def _fetch_one(client, bucket, key, spec: FileSpec, tree, target, report, progress, lock):
     from botocore.exceptions import ClientError
 
     try:
@@ -372,7 +388,8 @@ def _fetch_one(client, bucket, key, spec: FileSpec, tree, target, report, progre
             total += len(chunk)
             if progress:
                 progress(len(chunk))
-    report.bytes_read += total
+    with lock:
+        report.bytes_read += total
     if digest.hexdigest() != spec.sha256 or total != spec.size:
         return [
             Finding(
