@@ -200,3 +200,38 @@ def test_a_forked_process_never_sends_on_its_parents_connections(s3, settings):
     assert make() is parent  # still one client per process
     body = parent.get_object(Bucket=s3.bucket, Key="fork-test/child")["Body"].read()
     assert body == b"c"
+
+
+@pytest.mark.parametrize("swapped", ["file", "folder"])
+def test_a_symlink_out_of_the_roots_swapped_in_after_validation_is_never_sent(
+    project, root, s3, tmp_path, settings, _prefix, swapped
+):
+    """The worst value a job can leave on disk after its checkpoint was verified: a file,
+    or a folder on the way to it, replaced by a symlink to a secret outside the allowed
+    roots holding the very bytes recorded (so no checksum would catch it). The replica is
+    failed, naming the path, and nothing of the secret reaches the target."""
+    secret = os.urandom(4096)
+    files = {f"shard-{i:02d}/part.bin": os.urandom(100) for i in range(40)}
+    files["shard-07/part.bin"] = secret
+    checkpoint = make_checkpoint(project, root, 1, files)
+    outside = tmp_path / "outside"
+    (outside / "shard-07").mkdir(parents=True)
+    (outside / "shard-07" / "part.bin").write_bytes(secret)
+    folder = root / "run-1" / "step-1" / "shard-07"
+    if swapped == "file":
+        (folder / "part.bin").unlink()
+        (folder / "part.bin").symlink_to(outside / "shard-07" / "part.bin")
+    else:
+        (folder / "part.bin").unlink()
+        folder.rmdir()
+        folder.symlink_to(outside / "shard-07")
+    make_target(project, s3, "main")
+
+    (replica,) = replicate_now(checkpoint)
+
+    assert replica.status == "failed", replica.last_error
+    assert "shard-07" in replica.last_error and "symlink" in replica.last_error
+    sent = objects(s3, _prefix)
+    secret_key = next(e["key"] for e in replica.files if e["path"] == "shard-07/part.bin")
+    assert not any(key.endswith(secret_key) for key in sent), "the secret was sent"
+    assert not any(key.endswith(".json") for key in sent)  # no manifest: not a copy
