@@ -382,10 +382,13 @@ def test_restore_downloads_and_verifies_every_file(project, root, s3, small_part
 def test_replicas_nobody_is_working_on_are_queued_again(project, root, s3, queues):
     from datetime import timedelta
 
-    from workers.replicate import requeue_unfinished
+    from webapp.domain.replication import owed
+
+    def requeue_unfinished() -> int:
+        return len(owed.resend(timezone.now(), 1000))
 
     target = make_target(project, s3, "main")
-    old = timezone.now() - timedelta(minutes=5)
+    old = timezone.now() - timedelta(minutes=10)
     lost = Replica.objects.create(
         checkpoint=make_checkpoint(project, root, 1, {"m": b"1"}), target=target, created_at=old
     )

@@ -8,12 +8,15 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+from django.utils import timezone
 
 from tests.conftest import ROOT, saved, wait_for
+from webapp.domain.lease import Busy
 from webapp.domain.models import Checkpoint, Event, Validation
 from workers.validate import claim, validate_checkpoint
 
@@ -215,9 +218,15 @@ def test_running_twice_is_harmless(api, token, root):
 def test_a_redelivered_task_takes_up_the_same_validation(api, token, root):
     write_state(root / "step-1" / "model.pt", small_model())
     checkpoint = report(api, token, root / "step-1", 1)
-    claim(checkpoint.pk, "system", False)  # a worker claimed it, then died
+    claim(checkpoint.pk, "system", False)  # a worker claimed it...
     checkpoint.refresh_from_db()
     assert checkpoint.status == "verifying"
+    # ...and holds its lease: a copy of the task leaves it to that worker.
+    assert isinstance(claim(checkpoint.pk, "system", False), Busy)
+    # It died: once its lease has lapsed, the next copy takes the same row over.
+    Validation.objects.filter(checkpoint=checkpoint).update(
+        lease_until=timezone.now() - timedelta(seconds=1)
+    )
     assert check(checkpoint).status == "verified"
     assert checkpoint.validations.count() == 1
 
@@ -280,8 +289,9 @@ def test_a_worker_killed_mid_check_is_redelivered_and_finishes(
     with big.open("wb") as handle:
         for _ in range(1024):
             handle.write(block)
-    # A short visibility timeout so that the redelivery comes within the test.
-    env = {**worker_env, "CELERY_VISIBILITY_TIMEOUT": "8"}
+    # A short visibility timeout so that the redelivery comes within the test, after the
+    # dead worker's lease on the check has lapsed (a live one's would make it wait).
+    env = {**worker_env, "CELERY_VISIBILITY_TIMEOUT": "8", "VALIDATION_LEASE_S": "4"}
 
     def start_worker(name):
         log = (tmp_path / f"{name}.log").open("w")

@@ -84,8 +84,13 @@ def test_a_real_worker_takes_the_task_and_checks_the_files(api, token, queues, c
 def test_with_the_broker_down_events_are_kept_and_the_sweeper_requeues(
     project, queues, settings, worker_env
 ):
+    from django.utils import timezone
+
     from tests.conftest import WebServer, free_port
-    from workers.sweeper import requeue_unvalidated
+    from webapp.domain.validation import owed
+
+    def requeue_unvalidated() -> int:
+        return len(owed.resend(timezone.now(), 1000))
 
     token = project.issue_token("t", ["ingest"])[1]
     # The web server's Redis is a port where nothing listens: the broker is down.
@@ -103,7 +108,7 @@ def test_with_the_broker_down_events_are_kept_and_the_sweeper_requeues(
     # Within the grace period the sweeper leaves it alone (an enqueue may be in flight)...
     assert requeue_unvalidated() == 0
     # ...after it, the checkpoint goes back on the queue.
-    settings.VALIDATION_REQUEUE_AFTER_S = 0
+    settings.SWEEP_LOST_AFTER_S = 0
     assert requeue_unvalidated() == 1
     assert [t["args"][0] for t in queued_tasks(queues)] == [checkpoint.pk]
     checkpoint.refresh_from_db()

@@ -338,9 +338,29 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = "validate"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
-# How long a reported checkpoint may wait for its validation task before the sweeper
-# enqueues it again (the first enqueue can be lost if Redis was down at that moment).
-VALIDATION_REQUEUE_AFTER_S = env_int("VALIDATION_REQUEUE_AFTER_S", 300, minimum=10)
+# A task that fails on something that passes (a deadlock, a lost database or broker
+# connection, S3 throttling: webapp/domain/transient.py) is tried again this many times,
+# after delays doubling up to TASK_RETRY_MAX_S (workers/retrying.py).
+TASK_TRANSIENT_RETRIES = env_int("TASK_TRANSIENT_RETRIES", 10, minimum=0)
+TASK_RETRY_MAX_S = env_int("TASK_RETRY_MAX_S", 60, minimum=1)
+# The sweeper (webapp/domain/repair.py) looks this often for work the database says is
+# owed and nobody is doing, and sends it again.
+SWEEP_INTERVAL_S = env_int("SWEEP_INTERVAL_S", 60, minimum=1)
+# A task sent this long ago that has not started, while its queue is empty, was lost
+# (a publish while Redis was down, a worker killed holding it): sent again.
+SWEEP_LOST_AFTER_S = env_int("SWEEP_LOST_AFTER_S", 300, minimum=1)
+# A deletion, or a resume being prepared, with no sign of life for this long was
+# interrupted: finished (a deletion) or failed with the reason (a resume).
+SWEEP_STUCK_S = env_int("SWEEP_STUCK_S", 1800, minimum=60)
+# Verified checkpoints this recent are looked at for a copy their targets' policies ask
+# for and that was never requested.
+SWEEP_REPLICA_LOOKBACK_S = env_int("SWEEP_REPLICA_LOOKBACK_S", 24 * 3600, minimum=60)
+# This many repairs of one project's work within the last two hours make a problem on
+# its runs list (webapp/domain/health/problems.py).
+SWEEP_PROBLEM_PER_HOUR = env_int("SWEEP_PROBLEM_PER_HOUR", 5, minimum=1)
+# A running validation's worker renews its lease this often (a third of it); a lease
+# that lapsed means the worker died, and the sweeper sends the check again.
+VALIDATION_LEASE_S = env_int("VALIDATION_LEASE_S", 120, minimum=3)
 
 # --- S3 object storage ---------------------------------------------------------------
 # The default target of `make run` (SeaweedFS on 127.0.0.1:8333); projects add their own.

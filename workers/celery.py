@@ -16,27 +16,27 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
+from django.conf import settings  # noqa: E402
+
 from webapp.domain.publish import APP_NAME, QUEUES, configure  # noqa: E402
 
 __all__ = ["QUEUES", "app"]
 
 # The queues and routes are webapp.domain.publish's: the web side publishes by task name
 # with the very same routes, without importing this package.
-app = configure(Celery(APP_NAME))
+# Every task retries what passes on its own (a deadlock, a lost connection): workers/retrying.py.
+app = configure(Celery(APP_NAME, task_cls="workers.retrying:RetryTransient"))
 # Django's LOGGING (structured, with run and checkpoint ids) rather than Celery's own.
 app.conf.worker_hijack_root_logger = False
 app.conf.beat_schedule = {
-    "requeue-unvalidated-checkpoints": {
-        "task": "workers.sweeper.requeue_unvalidated",
-        "schedule": 60.0,
+    # Work the database says is owed and nobody is doing, sent again (repair.py).
+    "sweep": {
+        "task": "workers.sweeper.sweep",
+        "schedule": float(settings.SWEEP_INTERVAL_S),
     },
     "revalidate-pinned-and-latest": {
         "task": "workers.sweeper.revalidate_stale",
         "schedule": 3600.0,
-    },
-    "requeue-unfinished-replicas": {
-        "task": "workers.replicate.requeue_unfinished",
-        "schedule": 60.0,
     },
     "schedule-restore-tests": {
         "task": "workers.restore.schedule",

@@ -46,9 +46,7 @@ def launch_resume(resume_id: int) -> str:
         resumes._set(resume, status=ResumeStatus.FAILED, error=f"{exc}")
         _record(resume, "resume.failed", f"The resume could not start: {exc}")
         return "failed"
-    follow_resume.apply_async(
-        (resume_id,), queue=resumes.queue_for(resume.profile), countdown=settings.LAUNCH_FOLLOW_S
-    )
+    resumes.enqueue_follow(resume, countdown=settings.LAUNCH_FOLLOW_S)
     return resume.status
 
 
@@ -60,11 +58,10 @@ def follow_resume(resume_id: int) -> str:
     resume = Resume.objects.select_related("checkpoint", "run", "profile").get(pk=resume_id)
     if resume.status in FINAL:
         return resume.status
+    if not resumes.follow_due(resume_id):
+        return "followed by another task"
     if not resumes.follow(resume):
-        follow_resume.apply_async(
-            (resume_id,), queue=resumes.queue_for(resume.profile),
-            countdown=settings.LAUNCH_FOLLOW_S,
-        )  # fmt: skip
+        resumes.enqueue_follow(resume, countdown=settings.LAUNCH_FOLLOW_S)
     return resume.status
 
 

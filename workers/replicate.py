@@ -44,30 +44,6 @@ def replicate(replica_id: int) -> str:
     return r.record_verified(claimed, result)
 
 
-@shared_task(name="workers.replicate.requeue_unfinished", ignore_result=True)
-def requeue_unfinished(limit: int = 1000) -> int:
-    """Beat: replicas still pending or uploading whose lease has lapsed by a minute have
-    no task that is known to be alive (a lost message, a publish while Redis was down):
-    queue them again. A copy too many only finds the replica settled or busy."""
-    from datetime import timedelta
-
-    from django.db.models import Q
-    from django.utils import timezone
-
-    from webapp.domain.models import Replica
-
-    stale = timezone.now() - timedelta(seconds=60)
-    # Served by the partial index replica_unsettled.
-    ids = list(
-        Replica.objects.filter(status__in=("pending", "uploading"))
-        .filter(Q(lease_until__isnull=True, created_at__lt=stale) | Q(lease_until__lt=stale))
-        .values_list("pk", flat=True)[:limit]
-    )
-    for replica_id in ids:
-        replicate.delay(replica_id)
-    return len(ids)
-
-
 @shared_task(name="workers.replicate.abort_abandoned_uploads", ignore_result=True)
 def abort_abandoned_uploads() -> int:
     """Beat: the lifecycle rule S3 calls AbortIncompleteMultipartUpload, for every

@@ -30,3 +30,17 @@ def apply_project(project_id: int) -> int:
     if project is None:
         return 0
     return len(retention.apply(project, actor="worker:retention"))
+
+
+@shared_task(name="workers.retention.finish_interrupted", ignore_result=True)
+def finish_interrupted(project_id: int, before: str) -> None:
+    """The sweeper's: the deletions of the project marked before `before` and never
+    finished (webapp/domain/retention/owed.py)."""
+    from django.utils.dateparse import parse_datetime
+
+    from webapp.domain.models import Project
+    from webapp.domain.retention import policy as retention
+
+    project = Project.objects.filter(pk=project_id).first()
+    if project is not None:
+        retention.finish_interrupted(project, "system:sweeper", parse_datetime(before))

@@ -6,7 +6,12 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.conf import settings
 
+from webapp.domain import lease
+from webapp.domain.models import Validation
+from webapp.domain.transient import is_transient
+from webapp.domain.validation import fanout
 from webapp.domain.validation.checking import (  # noqa: F401  (the tests' names for them)
     claim,
     record,
@@ -24,14 +29,23 @@ def validate_checkpoint(
     claimed = claim(checkpoint_id, requested_by, revalidate)
     if claimed is None:
         return "settled"
+    if isinstance(claimed, lease.Busy):
+        # Another worker is checking it: look again when its lease would have lapsed.
+        validate_checkpoint.apply_async(
+            (checkpoint_id,),
+            {"requested_by": requested_by, "revalidate": revalidate},
+            countdown=claimed.retry_in_s,
+        )
+        return "busy"
     validation_id, fingerprint = claimed
-    from webapp.domain.validation import fanout
-
     if fanout.fan_out(validation_id, fingerprint):
         return "fanned out"
     try:
-        verdict, content, timings = run_checks(validation_id)
+        with lease.kept(Validation, validation_id, settings.VALIDATION_LEASE_S):
+            verdict, content, timings = run_checks(validation_id)
     except Exception as exc:
+        if is_transient(exc):
+            raise  # tried again (workers/retrying.py): the check itself did not fail
         log.exception("validation %s of checkpoint %s could not run", validation_id, checkpoint_id)
         record_error(validation_id, exc)
         return "error"
@@ -41,16 +55,12 @@ def validate_checkpoint(
 @shared_task(name="workers.validate.validate_part", ignore_result=True, bind=True)
 def validate_part(self, part_id: int) -> str:
     """One part of a fanned-out validation: its files hashed and inspected here."""
-    from webapp.domain.validation import fanout
-
     return fanout.run_part(part_id, worker=self.request.hostname or "")
 
 
 @shared_task(name="workers.validate.decide_validation", ignore_result=True)
 def decide_validation(validation_id: int, fingerprint: str) -> str:
     """The verdict of a fanned-out validation, once every part has finished."""
-    from webapp.domain.validation import fanout
-
     return fanout.decide(validation_id, fingerprint)
 
 

@@ -22,7 +22,8 @@ QUEUES = ("validate", "replicate", "restore", "gpu", "launch", "alerts")
 
 ROUTES = {
     "workers.validate.*": {"queue": "validate"},
-    "workers.sweeper.*": {"queue": "validate"},
+    # The sweeper only reads rows and publishes: never behind a 100 GB validation.
+    "workers.sweeper.*": {"queue": "alerts"},
     "workers.replicate.*": {"queue": "replicate"},
     # Restore tests are sent to `gpu` or `restore` explicitly (restore_test.enqueue).
     "workers.restore.*": {"queue": "restore"},
@@ -76,3 +77,16 @@ def after_commit(name: str, args=(), kwargs=None, **options) -> None:
 def producer() -> AbstractContextManager:
     """One broker connection for many send(..., producer=p) calls."""
     return app().producer_or_acquire()
+
+
+def waiting(queue: str) -> int | None:
+    """Messages waiting on `queue` (not those a worker has taken), or None when the
+    broker does not answer. With a Redis broker a queue is a list of that name."""
+    import redis
+    from django.conf import settings
+
+    try:
+        client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2)
+        return int(client.llen(queue))
+    except redis.RedisError:
+        return None

@@ -53,8 +53,25 @@ def collect() -> str:
     _lags(out, now)
     _run_ages(out, now)
     _restores(out)
+    _repairs(out)
     _latency(out)
     return out.text()
+
+
+def _repairs(out: Exposition) -> None:
+    from webapp.domain import repair
+
+    out.family(
+        "lifeboat_repairs_total",
+        "counter",
+        "Work the sweeper found owed and nobody doing, and sent again, by stage.",
+    )
+    try:
+        counts = repair.totals()
+    except redis.RedisError:
+        counts = {}
+    for stage in ("validate", "replicate", "retention", "restore", "launch"):
+        out.sample("lifeboat_repairs_total", counts.get(stage, 0), stage=stage)
 
 
 def _checkpoints(out: Exposition) -> None:

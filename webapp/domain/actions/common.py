@@ -18,6 +18,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from webapp.domain.locks import for_update
 from webapp.domain.models import Checkpoint, Validation
 from webapp.domain.models.checkpoints import CheckpointActionRefused
 from webapp.domain.models.recovery import ValidationStatus
@@ -63,7 +64,7 @@ def lock(checkpoint_id: int, project=None) -> Checkpoint:
     """The checkpoint, locked until the caller's transaction ends; DoesNotExist if it is
     not there (or not in `project`). Only its row: its run and project are read, not
     locked, so an action never holds a run's lock that ingest takes (in its own order)."""
-    rows = Checkpoint.objects.select_for_update(of=("self",)).select_related("project", "run")
+    rows = for_update(Checkpoint.objects.select_related("project", "run"))
     if project is not None:
         rows = rows.filter(project=project)
     return rows.get(pk=checkpoint_id)

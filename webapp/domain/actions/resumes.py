@@ -8,6 +8,7 @@ from django.db import transaction
 
 from webapp.domain import publish
 from webapp.domain.actions.common import ActionRefused, lock
+from webapp.domain.locks import for_update
 from webapp.domain.models import Checkpoint, Event, LaunchProfile, Resume
 from webapp.domain.models.recovery import ResumeStatus
 
@@ -34,9 +35,7 @@ def cancel_resume(resume: Resume, actor: str) -> Resume:
     from webapp.domain.recovery import resume as resumes
 
     with transaction.atomic():
-        locked = Resume.objects.select_for_update(of=("self",)).select_related(
-            "checkpoint", "profile"
-        )
+        locked = for_update(Resume.objects.select_related("checkpoint", "profile"))
         locked = locked.get(pk=resume.pk)
         if locked.status in ENDED:
             raise ActionRefused(f"resume {locked.pk} has already ended: {locked.status}")

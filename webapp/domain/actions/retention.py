@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from webapp.domain import publish
+from webapp.domain.locks import for_update
 from webapp.domain.models import Event, Project
 
 
@@ -14,7 +15,7 @@ def apply_retention(project: Project, actor: str) -> Event:
     project's row is locked so that requests at the same moment are audited in turn.
     Returns the audit Event."""
     with transaction.atomic():
-        Project.objects.select_for_update().filter(pk=project.pk).exists()
+        for_update(Project.objects.filter(pk=project.pk)).exists()
         event = Event.record(
             "retention.requested",
             project=project,

@@ -34,6 +34,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from lifeboat.units import format_seconds
+from webapp.domain.locks import for_update
 
 log = logging.getLogger(__name__)
 
@@ -405,7 +406,7 @@ def deliver(notification_id: int) -> str | float:
     now = timezone.now()
     with transaction.atomic():
         notification = (
-            Notification.objects.select_for_update(skip_locked=True)
+            for_update(Notification.objects, skip_locked=True)
             .filter(pk=notification_id, status=NotificationStatus.PENDING)
             .first()
         )

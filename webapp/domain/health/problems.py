@@ -5,8 +5,10 @@ to the runs list filtered to it (the `status` values of dashboard.views.runs).""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q
 
+from webapp.domain import repair
 from webapp.domain.models.checkpoints import DAMAGED as DAMAGED_STATUSES
 
 # Filter values of the runs list beyond RunStatus and Health.
@@ -64,7 +66,7 @@ def summary(project_id: int) -> list[dict]:
         (DAMAGED, checkpoints.get("corrupt", 0), "corrupt checkpoint", "bad"),
         (DAMAGED, checkpoints.get("suspicious", 0), "suspicious checkpoint", "warn"),
     ]
-    return [
+    found = [
         {
             "filter": f, "count": n, "tone": tone,
             "label": f"{label}s" if n != 1 and label.endswith("checkpoint") else label,
@@ -72,3 +74,26 @@ def summary(project_id: int) -> list[dict]:
         for f, n, label, tone in rows
         if n
     ]  # fmt: skip
+    return found + _repairs(project_id)
+
+
+def _repairs(project_id: int) -> list[dict]:
+    """Work the sweeper found owed and sent again, over the last two hours, once it keeps
+    happening (SWEEP_PROBLEM_PER_HOUR): something loses work (a broker without
+    persistence, workers being killed). Each piece is on its run's timeline; no runs
+    filter shows them, so the entry links nowhere."""
+    counts = repair.recent(project_id)
+    total = sum(counts.values())
+    if total < settings.SWEEP_PROBLEM_PER_HOUR:
+        return []
+    stages = ", ".join(f"{stage} {n}" for stage, n in sorted(counts.items()))
+    return [
+        {
+            "filter": None,
+            "count": total,
+            "tone": "warn",
+            "label": f"tasks sent again by the sweeper ({stages})",
+            "title": "Work nobody was doing was found and sent again in the last two hours: "
+            "a broker without persistence, or workers being killed? See each run's timeline.",
+        }
+    ]

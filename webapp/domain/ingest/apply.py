@@ -10,7 +10,7 @@ The contract this module keeps (docs/api.md):
 * Tolerant of late and out-of-order events: the new events are folded in time order by
   the rules of webapp/domain/ingest/rules.py, their one text, on SQLite and PostgreSQL.
 * Bounded work per batch: a constant number of queries whatever the batch size
-  (bulk inserts, one SELECT ... FOR UPDATE per table), so a client that batches gets
+  (bulk inserts, one SELECT ... FOR NO KEY UPDATE per table), so a client that batches gets
   PostgreSQL's bulk speed.
 * No network call inside the transaction: validation tasks are published on commit.
 """

@@ -1,5 +1,8 @@
-"""Rows locked FOR UPDATE for the ingest path, without the ORM's compiler (why:
-webapp/domain/ingest/bulk_sql.py's docstring), read back as the ORM would load them."""
+"""Rows locked for the ingest path, without the ORM's compiler (why:
+webapp/domain/ingest/bulk_sql.py's docstring), read back as the ORM would load them.
+
+The lock is FOR NO KEY UPDATE, as every row lock of Lifeboat's (webapp/domain/locks.py:
+FOR UPDATE would also block workers that insert a row naming a locked run)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ def select_locked(model: type[models.Model], where: dict[str, Sequence]) -> list
 
 
 def select_locked_later(model: type[models.Model], where: dict[str, Sequence]) -> Pending:
-    """Rows whose columns are in the given values, locked FOR UPDATE (where the
+    """Rows whose columns are in the given values, locked (where the
     database has row locks), in primary-key order so that two transactions lock in the
     same order and wait for each other instead of deadlocking.
 
@@ -72,7 +75,7 @@ def _select_by_key_sql(model, columns, fk, target, target_columns) -> tuple:
     )
     sql = (
         f"{_select_head(model)} WHERE {conditions} "  # noqa: S608
-        f"ORDER BY {quote(model._meta.pk.column)} FOR UPDATE"
+        f"ORDER BY {quote(model._meta.pk.column)} FOR NO KEY UPDATE"
     )
     return sql, _instances(model)
 
@@ -89,7 +92,7 @@ def _select_sql(model, columns: tuple) -> tuple:
     conditions = " AND ".join(f"{quote(column)} = ANY(%s)" for column in columns)
     sql = (
         f"{_select_head(model)} WHERE {conditions} "  # noqa: S608
-        f"ORDER BY {quote(model._meta.pk.column)} FOR UPDATE"
+        f"ORDER BY {quote(model._meta.pk.column)} FOR NO KEY UPDATE"
     )
     return sql, _instances(model)
 

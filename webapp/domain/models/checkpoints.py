@@ -119,6 +119,13 @@ class Checkpoint(models.Model):
                 name="checkpoint_damaged",
                 condition=models.Q(status__in=DAMAGED),
             ),
+            # The sweeper looks for the checkpoints verified lately that miss a replica
+            # their targets' policies ask for (webapp/domain/replication/owed.py).
+            models.Index(
+                fields=["verified_at"],
+                name="checkpoint_verified_at",
+                condition=models.Q(status="verified"),
+            ),
         ]
 
     def __str__(self) -> str:

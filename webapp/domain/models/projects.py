@@ -12,6 +12,8 @@ from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.utils import timezone
 
+from webapp.domain.locks import for_update
+
 TOKEN_PREFIX = "lb_"  # noqa: S105 (a prefix, not a secret)
 
 # Tokens this process has looked up: digest -> (token, monotonic expiry). Only valid
@@ -159,7 +161,7 @@ class Membership(models.Model):
         members, tokens or storage. The project's row is locked first, so two admins
         demoting each other at once are served one after the other and the second is
         refused. Call inside a transaction."""
-        list(Project.objects.select_for_update().filter(pk=self.project_id).values("pk"))
+        list(for_update(Project.objects.filter(pk=self.project_id)).values("pk"))
         others = Membership.objects.filter(project_id=self.project_id, role=Role.ADMIN)
         if not others.exclude(pk=self.pk).exists():
             raise LastAdmin(

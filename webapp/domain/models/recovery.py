@@ -64,9 +64,20 @@ class Validation(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # While it runs, its worker renews this (webapp/domain/lease.py); a lapsed lease
+    # means the worker died, and the sweeper sends the check again.
+    lease_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["checkpoint", "-created_at"], name="validation_ckpt")]
+        indexes = [
+            models.Index(fields=["checkpoint", "-created_at"], name="validation_ckpt"),
+            # The sweeper's question (webapp/domain/validation/owed.py): few rows at a time.
+            models.Index(
+                fields=["kind", "status"],
+                name="validation_unsettled",
+                condition=models.Q(status__in=["queued", "running"]),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} of {self.checkpoint_id}: {self.status}"
@@ -218,6 +229,19 @@ class Resume(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
+    # When the launch host last looked at the job (workers.launch.follow_resume): one
+    # chain of follow tasks per resume, and the sweeper starts a new one when it lapses.
+    followed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # The sweeper's question (webapp/domain/recovery/owed.py): resumes not ended.
+            models.Index(
+                fields=["status"],
+                name="resume_unfinished",
+                condition=models.Q(status__in=["requested", "restoring", "launching", "running"]),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"resume of {self.run_id} from {self.checkpoint_id}: {self.status}"

@@ -129,15 +129,8 @@ def schedule(now=None) -> list[int]:
             continue
         with transaction.atomic():
             queued.append(request(checkpoint, requested_by="schedule").pk)
-    # Stuck: queued for an hour (a lost message) or running past the timeout (a dead
-    # worker): put them back.
-    stale = Validation.objects.filter(
-        kind=ValidationKind.RESTORE,
-        status=ValidationStatus.QUEUED,
-        created_at__lt=now - timedelta(hours=1),
-    ).values_list("pk", flat=True)
-    for validation_id in stale:
-        enqueue(validation_id)
+    # Tests whose message was lost or whose worker died: the sweeper's
+    # (webapp/domain/recovery/owed.py).
     return queued
 
 

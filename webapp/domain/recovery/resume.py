@@ -32,14 +32,17 @@ import shlex
 import shutil
 import signal
 import subprocess
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from webapp.domain.launch import template as templates
 from webapp.domain.launch.template import NAMES, PLACEHOLDER  # noqa: F401 (re-exported)
+from webapp.domain.locks import for_update
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -137,6 +140,25 @@ def enqueue_launch(resume_id: int, queue: str) -> None:
     from webapp.domain import publish
 
     publish.send("workers.launch.launch_resume", (resume_id,), queue=queue)
+
+
+def enqueue_follow(resume, countdown: float = 0) -> None:
+    from webapp.domain import publish
+
+    queue = queue_for(resume.profile) if resume.profile else "launch"
+    publish.send("workers.launch.follow_resume", (resume.pk,), queue=queue, countdown=countdown)
+
+
+def follow_due(resume_id: int) -> bool:
+    """Take this look at the job: False when another follow task looked within the last
+    interval, so that a second chain of follow tasks (one the sweeper started while the
+    first was only late) ends instead of doubling every look."""
+    from webapp.domain.models import Resume
+
+    now = timezone.now()
+    recent = now - timedelta(seconds=settings.LAUNCH_FOLLOW_S * 0.8)
+    due = Q(followed_at__isnull=True) | Q(followed_at__lt=recent)
+    return Resume.objects.filter(due, pk=resume_id).update(followed_at=now) == 1
 
 
 def _set(resume, **fields) -> None:
@@ -456,7 +478,7 @@ def maybe_auto_resume(run, reason: str):
         return None
     with transaction.atomic():
         # One project row lock: two runs failing at once are counted one after the other.
-        Project.objects.select_for_update().filter(pk=project.pk).first()
+        for_update(Project.objects.filter(pk=project.pk)).first()
         why = auto_limits.refusal(project)
         if why is None:
             try:

@@ -16,6 +16,8 @@ import math
 
 from django.db import transaction
 
+from webapp.domain.locks import for_update
+
 log = logging.getLogger(__name__)
 
 
@@ -92,6 +94,7 @@ def request(checkpoint, targets=None, *, by_policy: bool = True) -> list[int]:
         replica.attempts = 0
         replica.last_error = ""
         replica.lease_until = None
+        replica.worker = ""
         replica.verified_at = replica.deleted_at = None
         replica.save()
         queued.append(replica.pk)
@@ -102,7 +105,7 @@ def request(checkpoint, targets=None, *, by_policy: bool = True) -> list[int]:
 
 def enqueue(replica_ids: list[int]) -> None:
     """After commit. If the broker is down the rows stay pending and
-    workers.replicate.requeue_unfinished puts them on the queue later."""
+    the sweeper (webapp/domain/replication/owed.py) puts them on the queue later."""
     from webapp.domain import publish
 
     for replica_id in replica_ids:
@@ -120,8 +123,7 @@ def on_verified(checkpoint_id: int) -> list[int]:
 
     with transaction.atomic():
         checkpoint = (
-            Checkpoint.objects.select_for_update()
-            .select_related("project")
+            for_update(Checkpoint.objects.select_related("project"))
             .filter(pk=checkpoint_id, status=CheckpointStatus.VERIFIED)
             .first()
         )

@@ -26,6 +26,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from webapp.domain.lease import Busy, busy_until
+from webapp.domain.locks import for_update
 from webapp.domain.replication import fanout, targets
 from webapp.domain.replication.sources import SourceUnavailable, sources
 from webapp.domain.replication.upload import Throttle, abort_quietly
@@ -44,11 +46,6 @@ class Claim:
     stale_uploads: dict = field(default_factory=dict)
 
 
-@dataclass
-class Busy:
-    retry_in_s: float
-
-
 def claim(replica_id: int) -> Claim | Busy | None:
     from webapp.domain.models import Replica
     from webapp.domain.models.checkpoints import CheckpointStatus
@@ -56,17 +53,18 @@ def claim(replica_id: int) -> Claim | Busy | None:
 
     now = timezone.now()
     with transaction.atomic():
+        # Only the replica's row: its checkpoint, run, project and target are read.
         replica = (
-            Replica.objects.select_for_update()
-            .select_related("checkpoint__project", "checkpoint__run", "target")
+            for_update(Replica.objects.select_related("checkpoint", "target"))
             .filter(pk=replica_id)
             .first()
         )
         if replica is None or replica.is_final:
             return None
-        if replica.lease_until and replica.lease_until > now:
-            # Another worker is sending it, or a retry is not due yet.
-            return Busy((replica.lease_until - now).total_seconds() + 0.5)
+        # Another worker is sending it, or a retry is not due yet; a replica the sweeper
+        # handed back to the queue has no worker: the first task takes it.
+        if replica.worker and (busy := busy_until(replica.lease_until, now)):
+            return busy
         checkpoint = replica.checkpoint
         problem = None
         if checkpoint.status != CheckpointStatus.VERIFIED:
@@ -309,15 +307,20 @@ def _event(replica, type_: str, message: str, now, **data) -> None:
         alerts.on_replica_failed(replica)
 
 
-def _lock(claimed: Claim):
-    """The replica, locked, if this attempt still owns it; else None."""
-    from webapp.domain.models import Replica
+def _lock(claimed: Claim, with_checkpoint: bool = False):
+    """The replica, locked, if this attempt still owns it; else None. With
+    with_checkpoint, its checkpoint's row is locked first (the order of
+    webapp/domain/locks.py)."""
+    from webapp.domain.models import Checkpoint, Replica
     from webapp.domain.models.recovery import ReplicaStatus
 
-    replica = (
-        Replica.objects.select_for_update()
-        .select_related("checkpoint", "target")
-        .get(pk=claimed.replica_id)
+    if with_checkpoint:
+        checkpoint_id = Replica.objects.values_list("checkpoint_id", flat=True).get(
+            pk=claimed.replica_id
+        )
+        for_update(Checkpoint.objects.filter(pk=checkpoint_id)).exists()
+    replica = for_update(Replica.objects.select_related("checkpoint", "target")).get(
+        pk=claimed.replica_id
     )
     if replica.status != ReplicaStatus.UPLOADING or replica.attempts != claimed.attempt:
         return None
@@ -358,12 +361,12 @@ def record_source_changed(claimed: Claim, exc: Exception) -> str:
 
     now = timezone.now()
     with transaction.atomic():
-        replica = _lock(claimed)
+        replica = _lock(claimed, with_checkpoint=True)
         if replica is None:
             return "superseded"
         _finish(replica, ReplicaStatus.FAILED, f"Not copied: {exc}", now)
         _event(replica, "replica.failed", replica.last_error, now)
-        checkpoint = Checkpoint.objects.select_for_update().get(pk=replica.checkpoint_id)
+        checkpoint = Checkpoint.objects.get(pk=replica.checkpoint_id)  # locked by _lock
         if checkpoint.status == CheckpointStatus.VERIFIED:
             checkpoint.status = CheckpointStatus.CORRUPT
             checkpoint.status_message = f"Found while copying to {replica.target.name}: {exc}"

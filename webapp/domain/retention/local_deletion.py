@@ -32,6 +32,7 @@ from django.utils import timezone
 
 from webapp.domain import confined_files
 from webapp.domain.confined_files import Refused
+from webapp.domain.locks import for_update
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ def _record(checkpoint_id, actor: str, why: str, previous_message, error) -> boo
 
     now = timezone.now()
     with transaction.atomic():
-        checkpoint = Checkpoint.objects.select_for_update().filter(pk=checkpoint_id).first()
+        checkpoint = for_update(Checkpoint.objects.filter(pk=checkpoint_id)).first()
         unfinished = checkpoint is not None and (
             checkpoint.status == CheckpointStatus.DELETING
             or (checkpoint.status == CheckpointStatus.DELETED and checkpoint.deleted_at is None)
@@ -205,14 +206,17 @@ def _record(checkpoint_id, actor: str, why: str, previous_message, error) -> boo
     return not error
 
 
-def finish_interrupted(project, actor: str) -> None:
+def finish_interrupted(project, actor: str, before=None) -> None:
     """Completes the deletions a killed worker left `deleting` (and rows older versions
-    marked `deleted` before removing their files). Never raises for one checkpoint: a
-    failure is recorded and the others go on."""
+    marked `deleted` before removing their files); with `before`, only those marked
+    before then. Never raises for one checkpoint: a failure is recorded and the others
+    go on."""
     from webapp.domain.models import Checkpoint
     from webapp.domain.models.checkpoints import CheckpointStatus
 
     stuck = Checkpoint.objects.filter(project=project, status=CheckpointStatus.DELETING)
+    if before is not None:
+        stuck = stuck.filter(updated_at__lt=before)
     legacy = Checkpoint.objects.filter(
         project=project, status=CheckpointStatus.DELETED, deleted_at__isnull=True
     )

@@ -23,9 +23,14 @@ import logging
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
+
+from webapp.domain.locks import for_update
 
 log = logging.getLogger(__name__)
 
@@ -269,8 +274,7 @@ def delete_local(decision: Decision, actor: str) -> bool:
 
     with transaction.atomic():
         checkpoint = (
-            Checkpoint.objects.select_for_update()
-            .select_related("run", "project")
+            for_update(Checkpoint.objects.select_related("run", "project"))
             .filter(pk=decision.checkpoint_id)
             .first()
         )
@@ -291,16 +295,21 @@ def delete_local(decision: Decision, actor: str) -> bool:
     )
 
 
-def finish_interrupted(project, actor: str = "retention") -> None:
-    """Deletions started but not finished (the worker died between the steps)."""
+def finish_interrupted(project, actor: str = "retention", before=None) -> None:
+    """Deletions started but not finished (the worker died between the steps); with
+    `before`, only those started before then (the sweeper's: not one a live worker is
+    carrying out)."""
     from webapp.domain.models import Replica
     from webapp.domain.models.recovery import ReplicaStatus
     from webapp.domain.retention import local_deletion
 
-    local_deletion.finish_interrupted(project, actor)
-    for replica in Replica.objects.filter(
+    local_deletion.finish_interrupted(project, actor, before)
+    replicas = Replica.objects.filter(
         target__project=project, status=ReplicaStatus.DELETED, deleted_at__isnull=True
-    ).select_related("target"):
+    )
+    if before is not None:
+        replicas = replicas.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=before))
+    for replica in replicas.select_related("target"):
         try:
             _remove_replica_objects(replica)
         except Exception:  # noqa: BLE001 (logged; tried again by the next run)
@@ -316,8 +325,7 @@ def delete_replica(decision: Decision, actor: str) -> bool:
     now = timezone.now()
     with transaction.atomic():
         replica = (
-            Replica.objects.select_for_update()
-            .select_related("checkpoint__run", "target")
+            for_update(Replica.objects.select_related("checkpoint__run", "target"))
             .filter(pk=decision.replica_id)
             .first()
         )
@@ -328,7 +336,10 @@ def delete_replica(decision: Decision, actor: str) -> bool:
         if always.get(checkpoint.pk):
             return False
         replica.status = ReplicaStatus.DELETED
-        replica.save(update_fields=["status"])
+        # Until then its objects are being removed; a lapse means the worker died
+        # (the sweeper finishes it: webapp/domain/retention/owed.py).
+        replica.lease_until = now + timedelta(seconds=settings.SWEEP_STUCK_S)
+        replica.save(update_fields=["status", "lease_until"])
         Event.record(
             "replica.deleted",
             checkpoint=checkpoint,

@@ -30,6 +30,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from webapp.domain import lease
+from webapp.domain.locks import for_update
+
 PROGRESS_EVERY_S = 1.0
 
 
@@ -49,7 +52,7 @@ def claim(checkpoint_id: int, requested_by: str, revalidate: bool):
     from webapp.domain.models.recovery import ValidationKind, ValidationStatus
 
     with transaction.atomic():
-        checkpoint = Checkpoint.objects.select_for_update().filter(pk=checkpoint_id).first()
+        checkpoint = for_update(Checkpoint.objects.filter(pk=checkpoint_id)).first()
         if checkpoint is None:
             return None
         if checkpoint.status in (
@@ -69,7 +72,18 @@ def claim(checkpoint_id: int, requested_by: str, revalidate: bool):
             .order_by("-created_at")
             .first()
         ) or Validation(checkpoint=checkpoint, kind=ValidationKind.INTEGRITY)
+        # A worker renews the lease while it checks (webapp/domain/lease.py): a live one
+        # is not doubled; a lapsed one died, and this task takes the row over. A row the
+        # sweeper handed back to the queue has no worker: the first task takes it.
+        now = timezone.now()
+        if (
+            validation.status == ValidationStatus.RUNNING
+            and validation.worker
+            and (busy := lease.busy_until(validation.lease_until, now))
+        ):
+            return busy
         validation.status = ValidationStatus.RUNNING
+        validation.lease_until = lease.until(settings.VALIDATION_LEASE_S)
         validation.requested_by = validation.requested_by or requested_by
         validation.worker = socket.gethostname()
         validation.started_at = timezone.now()
@@ -238,17 +252,26 @@ def history_findings(checkpoint, content: dict) -> list:
     return findings
 
 
+def _lock(validation_id: int):
+    """The validation's checkpoint, then the validation, locked in that order
+    (webapp/domain/locks.py)."""
+    from webapp.domain.models import Checkpoint, Validation
+
+    checkpoint_id = Validation.objects.values_list("checkpoint_id", flat=True).get(pk=validation_id)
+    checkpoint = for_update(Checkpoint.objects).get(pk=checkpoint_id)
+    return checkpoint, for_update(Validation.objects).get(pk=validation_id)
+
+
 def record(validation_id: int, fingerprint: str, result, content: dict, timings: dict) -> str:
-    from webapp.domain.models import Checkpoint, Event, Validation
+    from webapp.domain.models import Event
     from webapp.domain.models.checkpoints import CheckpointStatus
     from webapp.domain.models.recovery import ValidationStatus
 
     now = timezone.now()
     with transaction.atomic():
-        validation = Validation.objects.select_for_update().get(pk=validation_id)
+        checkpoint, validation = _lock(validation_id)
         if validation.is_final:
             return "settled"  # a verdict task that ran twice: the first one recorded it
-        checkpoint = Checkpoint.objects.select_for_update().get(pk=validation.checkpoint_id)
         validation.findings = [f.as_dict() for f in result.findings]
         validation.timings = timings
         validation.finished_at = now
@@ -274,10 +297,12 @@ def record(validation_id: int, fingerprint: str, result, content: dict, timings:
             update_fields=["status", "status_message", "content", "updated_at", "verified_at"]
         )
         if result.status == CheckpointStatus.VERIFIED:
-            # Copies to the storage targets, queued once this verdict is committed.
-            from webapp.domain.replication.policy import on_verified
+            # The copies its targets' policies ask for, in this very transaction: a
+            # verified checkpoint never exists without the replica rows it is owed (the
+            # sweeper re-sends a pending one whose message was lost). Queued on commit.
+            from webapp.domain.replication import policy
 
-            transaction.on_commit(lambda: on_verified(checkpoint.pk))
+            policy.request(checkpoint)
         from webapp.domain.health import alerts
 
         # Corrupt, suspicious or missing, and a save far slower than usual: alerts,
@@ -297,17 +322,17 @@ def record(validation_id: int, fingerprint: str, result, content: dict, timings:
 def record_error(validation_id: int, exc: Exception) -> None:
     """The check could not run (an S3 outage, a full disk). The checkpoint goes back to
     the queue by way of the sweeper, unless this keeps happening."""
-    from webapp.domain.models import Checkpoint, Validation
     from webapp.domain.models.checkpoints import CheckpointStatus
     from webapp.domain.models.recovery import ValidationStatus
 
     with transaction.atomic():
-        validation = Validation.objects.select_for_update().get(pk=validation_id)
+        checkpoint, validation = _lock(validation_id)
+        if validation.is_final:
+            return  # recorded already (a verdict, or this error by an earlier copy)
         validation.status = ValidationStatus.ERROR
         validation.message = f"The check could not run: {type(exc).__name__}: {exc}"[:2000]
         validation.finished_at = timezone.now()
         validation.save()
-        checkpoint = Checkpoint.objects.select_for_update().get(pk=validation.checkpoint_id)
         if checkpoint.status != CheckpointStatus.VERIFYING:
             return  # a re-validation of a settled checkpoint: keep its verdict
         errors = checkpoint.validations.filter(

@@ -24,6 +24,10 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from webapp.domain import lease
+from webapp.domain.locks import for_update
+from webapp.domain.transient import is_transient
+
 log = logging.getLogger(__name__)
 
 
@@ -45,7 +49,7 @@ def fan_out(validation_id: int, fingerprint: str) -> bool:
     ):
         return False
     with transaction.atomic():
-        locked = Validation.objects.select_for_update().get(pk=validation_id)
+        locked = for_update(Validation.objects).get(pk=validation_id)
         if not locked.parts.exists():
             sizes = dict(rows)
             groups = split([path for path, _ in rows], sizes, settings.VALIDATION_FANOUT_PARTS)
@@ -111,7 +115,7 @@ class PartProgress:
 
 
 def run_part(part_id: int, worker: str = "") -> str:
-    from webapp.domain.models import ValidationPart
+    from webapp.domain.models import Validation, ValidationPart
     from webapp.domain.models.recovery import ValidationStatus
 
     part = ValidationPart.objects.select_related("validation__checkpoint__project").get(pk=part_id)
@@ -122,14 +126,20 @@ def run_part(part_id: int, worker: str = "") -> str:
         status=ValidationStatus.RUNNING, worker=worker or socket.gethostname()
     )
     try:
-        result, status = _check_part(part), ValidationStatus.PASSED
+        # The whole validation's lease, renewed while a part of it runs: when every
+        # worker that had a part died, it lapses and the sweeper sends the check again
+        # (whose fan-out publishes the parts that never finished).
+        with lease.kept(Validation, part.validation_id, settings.VALIDATION_LEASE_S):
+            result, status = _check_part(part), ValidationStatus.PASSED
     except Exception as exc:
+        if is_transient(exc):
+            raise  # tried again (workers/retrying.py): the part itself did not fail
         log.exception("part %s of validation %s could not run", part_id, part.validation_id)
         result = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         status = ValidationStatus.ERROR
     result["fingerprint"] = part.result.get("fingerprint", "")
     with transaction.atomic():
-        locked = ValidationPart.objects.select_for_update().get(pk=part_id)
+        locked = for_update(ValidationPart.objects).get(pk=part_id)
         if locked.finished_at is None:
             locked.result, locked.status, locked.finished_at = result, status, timezone.now()
             locked.save(update_fields=["result", "status", "finished_at"])
@@ -188,7 +198,7 @@ def _part_finished(part_id: int) -> None:
 
     with transaction.atomic():
         part = ValidationPart.objects.get(pk=part_id)
-        validation = Validation.objects.select_for_update().get(pk=part.validation_id)
+        validation = for_update(Validation.objects).get(pk=part.validation_id)
         if validation.is_final or validation.parts.filter(finished_at__isnull=True).exists():
             return
         fingerprint = part.result.get("fingerprint", "")
