@@ -13,7 +13,7 @@ every checkpoint to be verified and every run's newest checkpoint to have a veri
 replica, and says when each was reached.
 
 Faults, each while jobs report: freeze_broker (SIGSTOP of Redis for some seconds, then
-SIGCONT), kill_workers (SIGKILL of every worker process, parent and pool, then the
+SIGCONT, and optionally every message gone, as after a restart without persistence), kill_workers (SIGKILL of every worker process, parent and pool, then the
 same workers started again, as a supervisor would), kill_database_connections
 (pg_terminate_backend of every other connection to the database).
 """
@@ -221,12 +221,17 @@ class LoadStack:
 
     # -- faults ------------------------------------------------------------------------------
 
-    def freeze_broker(self, seconds: float) -> None:
+    def freeze_broker(self, seconds: float, *, comes_back_empty: bool = False) -> None:
+        """SIGSTOP Redis for `seconds` (every client blocks), then SIGCONT; with
+        comes_back_empty, every message it held is gone after (a restart without
+        persistence)."""
         self.redis.freeze()
         try:
             time.sleep(seconds)
         finally:
             self.redis.thaw()
+        if comes_back_empty:
+            self.redis.flush()
 
     def kill_workers(self) -> None:
         """SIGKILL every worker process (the Celery parent and its pool) at once, as a

@@ -1,8 +1,9 @@
 """The production database under load and faults: 40 jobs report 5 checkpoints each at
 once to Lifeboat as deployed (gunicorn, prefork Celery workers on every queue, beat) on
 PostgreSQL, and every checkpoint ends verified and every run's newest one replicated,
-within a bound: with nothing going wrong, with the broker frozen for 25 s, with every
-worker process SIGKILLed, and with every database connection terminated, mid-load.
+within a bound: with nothing going wrong, with the broker frozen for 25 s (and back
+without its messages), with every worker process SIGKILLed, and with every database
+connection terminated, mid-load.
 
 SQLite serialises writes and hides deadlocks, so these run on PostgreSQL only. The
 stack is the module's (bench/load_stack.py); each test has its own project and runs.
@@ -102,8 +103,12 @@ def test_many_jobs_at_once_settle_with_no_deadlock(stack, load):
     assert list(Event.objects.filter(type="repair.resent").values_list("message", flat=True)) == []
 
 
-def test_a_broker_frozen_for_25_s_mid_load_loses_nothing(stack, load):
-    settled, worker_log = run_load(stack, load, lambda: stack.freeze_broker(25))
+def test_a_broker_frozen_for_25_s_then_back_empty_mid_load_loses_nothing(stack, load):
+    """Frozen, every client of Redis blocks; back without the messages it held (a
+    restart without persistence), the checks and copies they asked for are gone."""
+    settled, worker_log = run_load(
+        stack, load, lambda: stack.freeze_broker(25, comes_back_empty=True)
+    )
     assert_settled(settled, load, worker_log)
 
 
