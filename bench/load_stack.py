@@ -13,9 +13,10 @@ every checkpoint to be verified and every run's newest checkpoint to have a veri
 replica, and says when each was reached.
 
 Faults, each while jobs report: freeze_broker (SIGSTOP of Redis for some seconds, then
-SIGCONT, and optionally every message gone, as after a restart without persistence), kill_workers (SIGKILL of every worker process, parent and pool, then the
-same workers started again, as a supervisor would), kill_database_connections
-(pg_terminate_backend of every other connection to the database).
+SIGCONT, and optionally every message gone, as after a restart without persistence),
+kill_workers (SIGKILL of every worker process, parent and pool, then the same workers
+started again, as a supervisor would), kill_database_connections (pg_terminate_backend
+of every other connection to the database).
 """
 
 from __future__ import annotations
