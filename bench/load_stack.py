@@ -289,6 +289,8 @@ class Load:
     size: int = 64 * 1024
     pause_s: float = 0.2
     answers: dict = field(default_factory=dict)
+    latencies: list = field(default_factory=list)  # seconds per accepted event
+    sent_at: float | None = None  # time.monotonic() once every job has sent all
 
     def runs(self) -> list[str]:
         return [f"{self.prefix}-{i}" for i in range(self.jobs)]
@@ -305,9 +307,11 @@ class Load:
             headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
         )
         for _ in range(600):
+            started = time.monotonic()
             try:
                 with urllib.request.urlopen(request, timeout=60) as answer:  # noqa: S310
                     self.answers[answer.status] = self.answers.get(answer.status, 0) + 1
+                    self.latencies.append(time.monotonic() - started)
                     return
             except urllib.error.HTTPError as exc:
                 self.answers[exc.code] = self.answers.get(exc.code, 0) + 1
@@ -347,6 +351,7 @@ class Load:
                 thread.start()
             for thread in threads:
                 thread.join()
+            self.sent_at = time.monotonic()
 
         sender = threading.Thread(target=all_of_them)
         sender.start()
