@@ -203,6 +203,10 @@ def child_environment() -> dict[str, str]:
     env["LIFEBOAT_ENV_FILE"] = "off"
     env["PYTHONUNBUFFERED"] = "1"  # lines reach the terminal when they are written
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    # One person on one machine: the demo's resumed jobs run as you, who started all of
+    # Lifeboat anyway. A team's deployment names a user of their own (LAUNCH_RUN_AS).
+    if not env.get("LAUNCH_RUN_AS"):
+        env.setdefault("LAUNCH_LOCAL_SAME_USER", "1")
     return env
 
 

@@ -36,6 +36,8 @@ SAVED = (
     "LIFEBOAT_OUTBOUND_ALLOW",
     "METRICS_PUBLIC",
     "METRICS_TOKEN",
+    "LAUNCH_LOCAL_SAME_USER",
+    "LAUNCH_RUN_AS",
     "LIFEBOAT_SPOOL_DIR",
 )
 HEADER = """Settings of the `make run` stack of this checkout (scripts/run_stack.py), rewritten at

@@ -49,6 +49,7 @@ def test_resume_restores_a_deleted_checkpoint_then_restarts_the_job(
     project.save()
     env = train_digits(server, token, tmp_path, "digits")
     del env["LIFEBOAT_TOKEN"]  # the job gets a token of its own
+    del env["PATH"]  # the deployment's (LAUNCH_BASE_ENV): a profile may not set it
     chosen = Checkpoint.objects.get(run__key="digits", step=23)
     validate_checkpoint(chosen.pk)
     target = StorageTarget.objects.create(

@@ -274,6 +274,12 @@ LAUNCH_BASE_ENV = env_list(
 )
 # Where a launched job reports back (LIFEBOAT_URL): the address jobs reach Lifeboat at.
 LAUNCH_LIFEBOAT_URL = env_str("LAUNCH_LIFEBOAT_URL", SITE_URL)
+# The Unix user local jobs and restore checks run as, never the worker's own: "jobs", or
+# per project "llm=llm-jobs,vision=vision-jobs,*=jobs" (webapp/domain/launch/run_as.py).
+# Without it they are refused, unless LAUNCH_LOCAL_SAME_USER says this is one person on
+# one machine (`make run`), where the job may run as the worker's own user.
+LAUNCH_RUN_AS = env_list("LAUNCH_RUN_AS")
+LAUNCH_LOCAL_SAME_USER = env_bool("LAUNCH_LOCAL_SAME_USER", False)
 # Automatic resumes per project (webapp/domain/launch/auto_limits.py): at most this many
 # unfinished at once, and this many requested in any hour; beyond, a resume.skipped event.
 AUTO_RESUME_MAX_ACTIVE = env_int("AUTO_RESUME_MAX_ACTIVE", 3, minimum=0)
@@ -385,6 +391,13 @@ VALIDATION_MEMORY_BYTES = env_int("VALIDATION_MEMORY_BYTES", 16 * 1024**3, minim
 # After this many validations of one checkpoint that could not run (errors, not
 # findings), it is marked suspicious instead of being retried forever.
 VALIDATION_MAX_ERRORS = env_int("VALIDATION_MAX_ERRORS", 3, minimum=1)
+# A file with at least this many bytes of holes (never written; no disk behind them) is
+# reported suspicious without being hashed: a terabyte of holes costs a job nothing and
+# a worker hours (webapp/domain/validation/integrity.py).
+VALIDATION_SPARSE_HOLE_BYTES = env_int("VALIDATION_SPARSE_HOLE_BYTES", 1024**2, minimum=4096)
+# While other projects' checkpoints wait, one project's checks take at most this many
+# workers at once (0: no limit); with nobody else waiting it takes them all.
+VALIDATION_PROJECT_MAX_ACTIVE = env_int("VALIDATION_PROJECT_MAX_ACTIVE", 2, minimum=0)
 # Files hashed, and inspection children run, at once by one worker (at most its cores).
 VALIDATION_PARALLEL = env_int("VALIDATION_PARALLEL", 8, minimum=1)
 # A local checkpoint of at least this many bytes (and two files or more) is checked as

@@ -22,6 +22,9 @@ os.environ.setdefault("DEBUG", "1")
 # A `make run` stack's var/lifeboat.env in this checkout must not reach the tests (nor the
 # worker processes they start, which inherit this environment).
 os.environ.setdefault("LIFEBOAT_ENV_FILE", "off")
+# The tests' jobs run as the test's own user, as `make run`'s do (one person, one machine);
+# tests/test_launch_isolation.py runs them as a user of their own.
+os.environ.setdefault("LAUNCH_LOCAL_SAME_USER", "1")
 
 
 def _reachable(url: str) -> bool:

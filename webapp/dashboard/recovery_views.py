@@ -153,13 +153,13 @@ def recovery_offer(request, run, family) -> dict | None:
     it with; None for a run that is fine, or whose family has recovered already (its
     lineage lines say so)."""
     from webapp.domain.health import families
-    from webapp.domain.recovery import resume as resumes
+    from webapp.domain.recovery import auto_resume
 
     if run.status != RunStatus.FAILED and run.health != Health.OVERDUE:
         return None
     if family.state in (families.RECOVERED, families.RECOVERED_RUNNING):
         return None
-    checkpoint = resumes.latest_resumable(resumes.lineage(run))
+    checkpoint = auto_resume.latest_resumable(auto_resume.lineage(run))
     return {
         "why": "failed" if run.status == RunStatus.FAILED else "overdue",
         "resuming": family.resuming,

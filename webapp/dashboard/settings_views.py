@@ -134,7 +134,7 @@ class LaunchProfileForm(forms.ModelForm):
         return workdir
 
     def clean_env(self):
-        from webapp.domain.launch.job_env import _NAME
+        from webapp.domain.launch.job_env import _NAME, refusal
 
         env = {}
         for number, line in enumerate((self.cleaned_data.get("env") or "").splitlines(), 1):
@@ -148,6 +148,8 @@ class LaunchProfileForm(forms.ModelForm):
                 )
             if "\0" in value:
                 raise ValidationError(f"Line {number}: a value cannot hold a NUL byte.")
+            if why := refusal(name):
+                raise ValidationError(f"Line {number}: {why}.")
             env[name] = value
         return env
 

@@ -166,10 +166,10 @@ def check_runs(now=None) -> list:
 
 
 def _auto_resume(run, reason: str) -> None:
-    from webapp.domain.recovery import resume
+    from webapp.domain.recovery import auto_resume
 
     try:
-        resume.maybe_auto_resume(run, reason)
+        auto_resume.maybe_auto_resume(run, reason)
     except Exception:  # noqa: BLE001 (the alert stands even if the resume cannot start)
         log.exception("automatic resume of run %s failed", run.pk)
 

@@ -25,6 +25,32 @@ from webapp.domain.launch.template import variables
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+# Variables that choose which program runs or change how programs load and what a shell
+# does before the command: a profile may not set them (refused when it is saved, and
+# again at launch for a profile saved before). The job's PATH is the worker's
+# (LAUNCH_BASE_ENV); a profile names its programs by absolute path instead.
+LOADER_NAMES = frozenset(
+    {
+        "PATH", "BASH_ENV", "ENV", "IFS", "PS4", "SHELLOPTS", "BASHOPTS", "CDPATH",
+        "GLOBIGNORE", "PROMPT_COMMAND", "NODE_OPTIONS", "NODE_PATH", "PERL5OPT", "PERL5LIB",
+        "PERLLIB", "RUBYOPT", "RUBYLIB", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS",
+        "GCONV_PATH", "LOCPATH", "NLSPATH", "HOSTALIASES", "RESOLV_HOST_CONF", "GIT_EXEC_PATH",
+    }
+)  # fmt: skip
+LOADER_PREFIXES = ("LD_", "PYTHON", "BASH_FUNC_", "MALLOC_", "GLIBC_", "DYLD_", "SLURM_", "SBATCH_")
+
+
+def refusal(name: str) -> str | None:
+    """Why a profile may not set this variable, or None."""
+    if not _NAME.match(str(name)):
+        return f"{name!r} is not a variable name"
+    if name in LOADER_NAMES or name.startswith(LOADER_PREFIXES):
+        return (
+            f"{name} changes which program runs or how programs load; the deployment sets "
+            "it, not a profile"
+        )
+    return None
+
 
 class JobEnvError(ValueError):
     """A variable cannot be given to the job; the message says which and why."""
@@ -39,8 +65,8 @@ def build(values: dict, *, profile_env: dict, checkpoint_id: int, token: str) ->
     template's placeholder values."""
     env = base()
     for name, value in (profile_env or {}).items():
-        if not _NAME.match(str(name)):
-            raise JobEnvError(f"the launch profile's env has a bad variable name: {name!r}")
+        if why := refusal(str(name)):
+            raise JobEnvError(f"the launch profile's env cannot be used: {why}")
         env[str(name)] = str(value)
     env.update(variables(values))
     env.update(

@@ -5,9 +5,12 @@ scripts/slurm_single_node.sh); see docs/slurm.md.
 
 - submit(): the script is written beside the job's output file and submitted with
   `sbatch --parsable`; the job's environment is exactly `env` (plus the SLURM_* variables
-  Slurm always sets): the values go into sbatch's own environment and only their names
-  are listed in `--export=NAME,...` (so values may hold commas, spaces, quotes), never
-  `--export=ALL`, which would hand the job everything of the launch worker's.
+  Slurm always sets), handed to sbatch on a pipe (`--export-file=<fd>`: values may hold
+  commas, spaces, quotes, newlines), never `--export=ALL`, which would hand the job
+  everything of the launch worker's.
+- Every Slurm command is found on the worker's own PATH and run with a minimal
+  environment of the worker's (client_env): a launch profile chooses neither the program
+  nor how it loads.
 - state(): `squeue` while the job is queued or running; once it has left the queue,
   `scontrol show job` (kept for MinJobAge seconds) and then `sacct` (when accounting is
   on). A job none of them knows any more is UNKNOWN and final; a controller that does
@@ -84,24 +87,51 @@ def available() -> bool:
     return all(which(name) for name in ("sbatch", "squeue", "scontrol", "scancel"))
 
 
+# What a Slurm command itself is given of the worker's environment: where programs are,
+# whose it is, and Slurm's own client settings (SLURM_CONF, SBATCH_* defaults the
+# deployment set). Nothing else of the worker's (its secrets), and nothing of a profile's:
+# a profile's PATH or LD_PRELOAD must never choose or change the program the worker runs.
+CLIENT_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "SLURM_CONF")
+
+
+def client_env() -> dict[str, str]:
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if name in CLIENT_ENV or name.startswith(("SBATCH_", "SQUEUE_", "SACCT_"))
+    }
+
+
+def program(name: str) -> str:
+    """The absolute path of a Slurm command, looked up on the worker's own PATH."""
+    from shutil import which
+
+    found = which(name, path=os.environ.get("PATH", os.defpath))
+    if not found:
+        raise LaunchError(
+            f"{name} not found: is this worker on a Slurm login node? "
+            f"(the Slurm client must be on PATH={os.environ.get('PATH', '')})"
+        )
+    return found
+
+
 def _run(
-    args: list[str], *, timeout: float, env: dict[str, str] | None = None
+    args: list[str], *, timeout: float, pass_fds: tuple[int, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
+    args = [program(args[0]), *args[1:]]
     try:
         return subprocess.run(
             args,
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=env,
+            env=client_env(),
             stdin=subprocess.DEVNULL,
             check=False,
+            pass_fds=pass_fds,
         )
     except FileNotFoundError as exc:
-        raise LaunchError(
-            f"{args[0]} not found: is this worker on a Slurm login node? "
-            f"(the Slurm client must be on PATH={os.environ.get('PATH', '')})"
-        ) from exc
+        raise LaunchError(f"{args[0]} could not be run: {exc}") from exc
     except subprocess.TimeoutExpired as exc:
         raise LaunchTimeout(f"{args[0]} did not answer within {timeout:g} s") from exc
 
@@ -132,7 +162,7 @@ def submit(
     line is put first when it has none); the job's stdout and stderr go to `output_path`
     (Slurm's patterns such as %j work), it starts in `workdir`, and its environment is
     `env` and Slurm's own SLURM_* variables, nothing else of this process's (sbatch
-    `--export=<names>`; `--export=NONE` when `env` is empty). No value belongs in the
+    `--export-file`; `--export=NONE` when `env` is empty). No value belongs in the
     script text: pass values through `env`.
     """
     if not _JOB_NAME.match(job_name):
@@ -153,21 +183,34 @@ def submit(
     tmp.write_text(script_text)
     tmp.chmod(0o700)
     tmp.replace(script)
-    proc = _run(
-        [
-            "sbatch",
-            "--parsable",
-            f"--job-name={job_name}",
-            f"--output={output}",
-            f"--chdir={workdir}",
-            "--export=" + (",".join(sorted(env)) or "NONE"),
-            str(script),
-        ],
-        timeout=SUBMIT_TIMEOUT_S,
-        # sbatch itself needs this process's environment (SLURM_CONF, SBATCH_* defaults);
-        # the job gets only the names listed in --export.
-        env={**os.environ, **env},
-    )
+    # The job's environment goes to sbatch on a pipe (--export-file=<fd>, NUL-separated):
+    # exactly those variables, and no value in sbatch's command line (which every user of
+    # the host can read in /proc) nor in its own environment.
+    payload = b"".join(f"{k}={v}".encode() + b"\0" for k, v in sorted(env.items()))
+    if len(payload) > 60_000:  # a pipe's buffer: written before sbatch reads it
+        raise LaunchError("the job's environment is too large to hand to sbatch")
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, payload)
+        os.close(write_end)
+        write_end = -1
+        proc = _run(
+            [
+                "sbatch",
+                "--parsable",
+                f"--job-name={job_name}",
+                f"--output={output}",
+                f"--chdir={workdir}",
+                f"--export-file={read_end}" if env else "--export=NONE",
+                str(script),
+            ],
+            timeout=SUBMIT_TIMEOUT_S,
+            pass_fds=(read_end,),
+        )
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
     if proc.returncode != 0:
         raise LaunchError(f"sbatch failed: {_message(proc)}")
     # --parsable prints "ID" or "ID;cluster".

@@ -328,6 +328,16 @@ class StorageTarget(models.Model):
     def __str__(self) -> str:
         return f"{self.name} (s3://{self.bucket}/{self.prefix})"
 
+    def save(self, *args, **kwargs):
+        """Saved in one spelling, so that two targets naming one place look alike
+        (webapp/domain/replication/namespace.py compares them by place either way)."""
+        from webapp.domain.replication.namespace import normal_endpoint, normal_prefix
+
+        self.prefix = normal_prefix(self.prefix)
+        self.endpoint_url = normal_endpoint(self.endpoint_url)
+        self.bucket = (self.bucket or "").strip()
+        super().save(*args, **kwargs)
+
 
 class LaunchKind(models.TextChoices):
     LOCAL = "local", "Local process"
@@ -363,3 +373,11 @@ class LaunchProfile(models.Model):
             check(self.command_template or "")
         except TemplateRefused as exc:
             raise ValidationError({"command_template": str(exc)}) from None
+        from webapp.domain.launch.job_env import refusal
+
+        env = (self.options or {}).get("env") or {}
+        if not isinstance(env, dict):
+            raise ValidationError({"options": "env must be an object of names and values"})
+        for name in env:
+            if why := refusal(str(name)):
+                raise ValidationError({"options": f"env: {why}"})

@@ -40,9 +40,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from webapp.domain.launch import run_as
 from webapp.domain.launch import template as templates
 from webapp.domain.launch.template import NAMES, PLACEHOLDER  # noqa: F401 (re-exported)
-from webapp.domain.locks import for_update
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -203,6 +203,7 @@ def prepare(resume) -> str:
     from webapp.domain.validation.integrity import FileSpec, check_local
 
     checkpoint = resume.checkpoint
+    user = job_user(resume)  # refused before anything is written, not after
     if checkpoint.location.startswith("s3://"):
         return "the checkpoint lives in object storage; the job reads it from there"
     specs = [FileSpec(*row) for row in checkpoint.files.values_list("path", "size", "sha256")]
@@ -220,13 +221,25 @@ def prepare(resume) -> str:
         raise ResumeError(f"the local copy is unusable ({why}) and there is no verified replica")
     try:
         with confined_files.Tree(checkpoint.project.allowed_roots) as tree:
-            _restore_in_place(tree, resume, checkpoint, specs, replica)
+            _restore_in_place(tree, resume, checkpoint, specs, replica, user)
     except confined_files.Refused as exc:
         raise ResumeError(f"not restoring into {checkpoint.location}: refused: {exc}") from None
     return f"the local copy was {why}; restored from {replica.target.name}, verified"
 
 
-def _restore_in_place(tree, resume, checkpoint, specs, replica) -> None:
+def job_user(resume):
+    """The Unix user a local job runs as (None: the worker's own, where the deployment
+    allows it); a Slurm job runs as Slurm starts it, on its node. ResumeError when the
+    deployment cannot start it without handing it the worker's secrets."""
+    if resume.profile.kind == "slurm":
+        return None
+    try:
+        return run_as.for_project(resume.project.slug)
+    except run_as.RunAsRefused as exc:
+        raise ResumeError(str(exc)) from None
+
+
+def _restore_in_place(tree, resume, checkpoint, specs, replica, user=None) -> None:
     from webapp.domain import confined_files
     from webapp.domain.replication.restore import RestoreError, restore_replica
 
@@ -251,6 +264,7 @@ def _restore_in_place(tree, resume, checkpoint, specs, replica) -> None:
     staging_fd = tree.open_dir(staging)
     try:
         restore_replica(replica, confined_files.fd_path(staging_fd))
+        run_as.hand_over(user, staging_fd)  # the job reads (and replaces) its checkpoint
     except RestoreError as exc:
         tree.remove_tree(staging)
         raise ResumeError(f"restoring from {replica.target.name} failed: {exc}") from None
@@ -315,17 +329,26 @@ def start(resume) -> None:
         )
         _set(resume, status=ResumeStatus.LAUNCHING, external_id=f"slurm:{job_id}")
         return
+    user = job_user(resume)
+    if user is not None:
+        # Nothing of the worker's var/ is the job's to read: it writes through the
+        # descriptors the wrapper (the worker's user) opens for it.
+        for private in (Path(settings.VAR_DIR), folder.parent, folder):
+            private.chmod(0o700)
     script = folder / "command.sh"
     script.write_text("#!/bin/bash\n" + command + "\n")
     exit_file = folder / "exit_code"
     exit_file.unlink(missing_ok=True)
     # The wrapper records the exit status in a file: the follow task may run in another
-    # process than the one that started the job, and only a parent can wait() for it.
+    # process than the one that started the job, and only a parent can wait() for it. It
+    # runs as the worker's user; the job itself as the project's job user (run_as.py),
+    # its script and its log opened for it by the wrapper (descriptor 3, and 1 and 2).
     bash = shutil.which("bash") or "/bin/bash"
+    as_user = " ".join(shlex.quote(a) for a in run_as.prefix(user))
     wrapper = (
-        f"{shlex.quote(bash)} {shlex.quote(str(script))} > {shlex.quote(str(log_path))} 2>&1; "
-        f"echo $? > {shlex.quote(str(exit_file))}"
-    )
+        f"{as_user} {shlex.quote(bash)} /dev/fd/3 3< {shlex.quote(str(script))} "
+        f"> {shlex.quote(str(log_path))} 2>&1; echo $? > {shlex.quote(str(exit_file))}"
+    ).lstrip()
     process = subprocess.Popen(
         [bash, "-c", wrapper],
         cwd=workdir,
@@ -425,74 +448,3 @@ def cancel(resume) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(int(ident), signal.SIGTERM)
     _set(resume, status=ResumeStatus.CANCELLED)
-
-
-# -- automatic resume -----------------------------------------------------------------------------
-
-
-def lineage(run) -> list:
-    """The run and the runs it was resumed from, newest first."""
-    chain, seen = [], set()
-    while run is not None and run.pk not in seen:
-        chain.append(run)
-        seen.add(run.pk)
-        checkpoint = run.resumed_from
-        run = checkpoint.run if checkpoint is not None else None
-    return chain
-
-
-def latest_resumable(chain) -> object | None:
-    """The newest checkpoint a resume can start from along the lineage (newest run
-    first): a resumed job that died before its first checkpoint restarts from its
-    parent's."""
-    return next(
-        (c for c in (r.latest_resumable_checkpoint() for r in chain) if c is not None), None
-    )
-
-
-def maybe_auto_resume(run, reason: str):
-    """If the project asks for it, resume a failed or silent run from its latest verified
-    checkpoint, at most project.max_restarts times along its lineage (Determined's
-    max_restarts) and within the project's bounds (webapp/domain/launch/auto_limits.py).
-    Returns the Resume, or None with nothing done and a resume.skipped event saying why."""
-    from webapp.domain.launch import auto_limits
-    from webapp.domain.models import Event, Project, Resume
-
-    project = run.project
-    profile = project.auto_resume_profile
-    if profile is None:
-        return None
-    chain = lineage(run)
-    used = Resume.objects.filter(run__in=chain, automatic=True).count()
-    checkpoint = latest_resumable(chain)
-    if checkpoint is None or used >= project.max_restarts:
-        why = (
-            f"it was resumed automatically {used} times already (max {project.max_restarts})"
-            if used >= project.max_restarts
-            else "no verified checkpoint to resume from"
-        )
-        Event.record(
-            "resume.skipped", run=run, actor="system",
-            message=f"Not resuming {run.key} automatically: {why}.",
-        )  # fmt: skip
-        return None
-    with transaction.atomic():
-        # One project row lock: two runs failing at once are counted one after the other.
-        for_update(Project.objects.filter(pk=project.pk)).first()
-        why = auto_limits.refusal(project)
-        if why is None:
-            try:
-                resume = request(checkpoint, profile, actor="system", automatic=True)
-            except ResumeError as exc:
-                why = str(exc)
-        if why is not None:
-            Event.record(
-                "resume.skipped", run=run, actor="system",
-                message=f"Not resuming {run.key} automatically: {why}.",
-            )  # fmt: skip
-            return None
-        Event.objects.filter(type="resume.requested", data__resume=resume.pk).update(
-            message=f"Automatic resume ({reason}) from step {checkpoint.step} "
-            f"with profile {profile.name}, {used + 1} of {project.max_restarts}"
-        )
-    return resume
