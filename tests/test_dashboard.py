@@ -254,7 +254,7 @@ def test_an_admin_adds_a_storage_target_and_a_launch_profile(project, admin, set
     target = StorageTarget.objects.get(project=project)
     assert target.bucket == "ckpts"
     page = client.get("/p/alpha/settings/storage/").content.decode()
-    assert "s3://ckpts/alpha/" in page and "S3_BACKUP_*" in page
+    assert "s3://ckpts/alpha" in page and "S3_BACKUP_*" in page  # saved as alpha
     # A second target with the same name is refused with a message, not a 500.
     again = client.post(
         "/p/alpha/settings/storage/", {"name": "backup", "bucket": "b", "region": "us-east-1"}

@@ -54,10 +54,9 @@ def manifest_key(target, checkpoint) -> str:
 
 
 def same_store(target) -> dict:
-    """A filter for the targets whose objects share a namespace with this one (same
-    endpoint, bucket and prefix): content-addressed objects may be shared between them."""
-    return {
-        "target__endpoint_url": target.endpoint_url,
-        "target__bucket": target.bucket,
-        "target__prefix": target.prefix,
-    }
+    """A filter (on replicas) for the targets, of every project, whose objects live where
+    this one's do: content-addressed objects and manifests may be shared between them
+    (webapp/domain/replication/namespace.py decides what is the same place)."""
+    from webapp.domain.replication import namespace
+
+    return {"target_id__in": namespace.sharing(target)}

@@ -365,16 +365,20 @@ def _remove_replica_objects(replica) -> None:
 
     client = targets.client_for(replica.target)
     bucket = replica.target.bucket
-    if replica.manifest_key:
-        client.delete_object(Bucket=bucket, Key=replica.manifest_key)
-    mine = {entry["key"] for entry in replica.files}
+    # Every live replica in the same place, of any project: a key one of them names stays
+    # (two projects' targets on one prefix, or one project's two targets on one store).
     others = (
         Replica.objects.filter(**targets.same_store(replica.target))
         .exclude(pk=replica.pk)
         .exclude(status=ReplicaStatus.DELETED)
-        .values_list("files", flat=True)
+        .values_list("files", "manifest_key")
     )
-    for files in others:
+    mine = {entry["key"] for entry in replica.files}
+    manifests = set()
+    for files, manifest_key in others:
         mine -= {entry["key"] for entry in files or []}
+        manifests.add(manifest_key)
+    if replica.manifest_key and replica.manifest_key not in manifests:
+        client.delete_object(Bucket=bucket, Key=replica.manifest_key)
     for key in sorted(mine):
         client.delete_object(Bucket=bucket, Key=key)  # an absent key is no error in S3
