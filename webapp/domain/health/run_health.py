@@ -125,4 +125,9 @@ def next_deadline(health: str | None, since: datetime | None, interval: float | 
     if since is None or not interval or health not in ("up", "late"):
         return None
     late_after, overdue_after = limits(interval)
-    return since + timedelta(seconds=late_after if health == "up" else overdue_after)
+    try:
+        return since + timedelta(seconds=late_after if health == "up" else overdue_after)
+    except (OverflowError, ValueError):
+        # Past year 9999: a row from before event times and intervals were bounded
+        # (event_schema.py). No deadline rather than a failed answer for the project.
+        return None

@@ -1,6 +1,7 @@
 """The v1 event contract (docs/api.md): one pydantic model per event type.
 
-Types are strict (a step is an integer, not "5" nor 5.0). Fields this version does not
+Types are strict (a step is an integer, not "5" nor 5.5; JSON's 5.0 is the integer 5, as
+JSON Schema has it). Fields this version does not
 know are kept in the stored event, not rejected, so a newer client can talk to an older
 server. Every string is bounded; limits match the database columns.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -42,6 +43,21 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
+# Every number a job sends meets arithmetic somewhere (deadlines, durations, charts,
+# sums): each is bounded here, so that one event cannot overflow a read for its whole
+# project. The bounds are far beyond any real job's.
+EARLIEST_TIME = datetime(2000, 1, 1, tzinfo=UTC)
+# How far ahead of the server's clock an event's time may be (a job's clock a little
+# fast); a time further ahead is a broken clock, refused rather than believed.
+MAX_CLOCK_AHEAD_S = 24 * 3600
+MAX_INTERVAL_S = 366 * 24 * 3600  # checkpoint intervals and save durations: a year
+MAX_STEP = 2**53 - 1  # exact in every JSON reader, JavaScript's charts included
+MAX_FILE_SIZE = 2**50  # 1 PiB a file
+MAX_WORLD_SIZE = 2**20
+MAX_TAGS = 100
+MAX_METRICS = 1000  # names in one metrics object
+
+
 def _zoned_time(value: Any) -> datetime:
     if not isinstance(value, str):
         raise ValueError("must be an ISO 8601 string such as 2026-01-31T12:00:00Z")
@@ -51,7 +67,26 @@ def _zoned_time(value: Any) -> datetime:
         raise ValueError(f"{value!r} is not an ISO 8601 time") from None
     if parsed.tzinfo is None:
         raise ValueError("must carry a time zone (Z or +00:00)")
+    if parsed < EARLIEST_TIME:
+        raise ValueError("is before 2000: the job's clock is wrong")
+    if parsed > datetime.now(UTC) + timedelta(seconds=MAX_CLOCK_AHEAD_S):
+        raise ValueError(
+            f"is more than {MAX_CLOCK_AHEAD_S // 3600} hours ahead of the server's clock: "
+            "the job's clock is wrong"
+        )
     return parsed
+
+
+def _integer(value: Any) -> int:
+    """An integer, also when JSON spells it 2314.0 (JSON Schema's integer admits it);
+    never a bool, a string or a fraction."""
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not a boolean")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, int):
+        raise ValueError("must be an integer")
+    return value
 
 
 def _run_key(value: str) -> str:
@@ -111,10 +146,15 @@ ZonedTime = Annotated[datetime, BeforeValidator(_zoned_time)]
 # field named, instead of failing the transaction.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-Int32 = Annotated[StrictInt, Field(ge=-INT32_MAX - 1, le=INT32_MAX)]
-Step = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+Integer = Annotated[int, BeforeValidator(_integer)]
+Int32 = Annotated[Integer, Field(ge=-INT32_MAX - 1, le=INT32_MAX)]
+Step = Annotated[Integer, Field(ge=0, le=MAX_STEP)]
 Number = Annotated[float, BeforeValidator(_number)]
-Metrics = dict[Annotated[StrictStr, Field(max_length=200)], Number]
+# A duration in seconds: finite, at most a year.
+Seconds = Annotated[float, BeforeValidator(_number), Field(allow_inf_nan=False, le=MAX_INTERVAL_S)]
+Metrics = Annotated[
+    dict[Annotated[StrictStr, Field(max_length=200)], Number], Field(max_length=MAX_METRICS)
+]
 
 
 class _Event(BaseModel):
@@ -130,15 +170,17 @@ class RunStarted(_Event):
     name: Annotated[StrictStr, Field(max_length=200)] = ""
     host: Annotated[StrictStr, Field(max_length=255)] = ""
     framework: Annotated[StrictStr, Field(max_length=100)] = ""
-    world_size: Annotated[StrictInt, Field(ge=1, le=INT32_MAX)] | None = None
+    world_size: Annotated[Integer, Field(ge=1, le=MAX_WORLD_SIZE)] | None = None
     config: dict[str, Any] = Field(default_factory=dict)
-    expected_interval_s: Annotated[Number, Field(gt=0)] | None = None
+    expected_interval_s: Annotated[Seconds, Field(gt=0)] | None = None
     resumed_from: (
         Annotated[StrictStr, Field(max_length=100)]
         | Annotated[StrictInt, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
         | None
     ) = None
-    tags: list[Annotated[StrictStr, Field(max_length=200)]] = Field(default_factory=list)
+    tags: Annotated[
+        list[Annotated[StrictStr, Field(max_length=200)]], Field(max_length=MAX_TAGS)
+    ] = Field(default_factory=list)
 
 
 class RunHeartbeat(_Event):
@@ -154,25 +196,25 @@ class CheckpointStarted(_Event):
 
 class CheckpointFileIn(BaseModel):
     path: Annotated[StrictStr, Field(max_length=1000), AfterValidator(_relative_path)]
-    size: Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+    size: Annotated[Integer, Field(ge=0, le=MAX_FILE_SIZE)]
     sha256: Annotated[StrictStr, AfterValidator(_sha256)]
 
 
 class CheckpointSaved(_Event):
     type: Literal["checkpoint.saved"]
     step: Step
-    epoch: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] | None = None
+    epoch: Annotated[Integer, Field(ge=0, le=INT32_MAX)] | None = None
     location: Annotated[StrictStr, Field(min_length=1, max_length=4096), AfterValidator(_location)]
     files: Annotated[list[CheckpointFileIn], Field(min_length=1, max_length=100_000)]
-    save_seconds: Annotated[Number, Field(ge=0)] | None = None
+    save_seconds: Annotated[Seconds, Field(ge=0)] | None = None
     metrics: Metrics = Field(default_factory=dict)
     format: Annotated[StrictStr, Field(max_length=50)] = ""
 
     @field_validator("files")
     @classmethod
     def _total_size_fits(cls, files: list[CheckpointFileIn]) -> list[CheckpointFileIn]:
-        if sum(f.size for f in files) > INT64_MAX:
-            raise ValueError(f"the files' sizes add up to more than {INT64_MAX} bytes")
+        if sum(f.size for f in files) > MAX_STEP:
+            raise ValueError(f"the files' sizes add up to more than {MAX_STEP} bytes")
         return files
 
 
