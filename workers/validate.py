@@ -7,9 +7,10 @@ import logging
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
 from webapp.domain import lease
-from webapp.domain.models import Validation
+from webapp.domain.models import Checkpoint, Validation
 from webapp.domain.transient import is_transient
 from webapp.domain.validation import fanout
 from webapp.domain.validation.checking import (  # noqa: F401  (the tests' names for them)
@@ -30,7 +31,12 @@ def validate_checkpoint(
     if claimed is None:
         return "settled"
     if isinstance(claimed, lease.Busy):
-        # Another worker is checking it: look again when its lease would have lapsed.
+        # Another worker is checking it (look again when its lease would have lapsed), or
+        # its project has its fair share running (look again soon). Known to be on its
+        # way, so the sweeper does not take it for lost meanwhile.
+        Checkpoint.objects.filter(pk=checkpoint_id, validation_enqueued_at__isnull=False).update(
+            validation_enqueued_at=timezone.now()
+        )
         validate_checkpoint.apply_async(
             (checkpoint_id,),
             {"requested_by": requested_by, "revalidate": revalidate},

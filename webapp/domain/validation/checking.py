@@ -82,6 +82,8 @@ def claim(checkpoint_id: int, requested_by: str, revalidate: bool):
             and (busy := lease.busy_until(validation.lease_until, now))
         ):
             return busy
+        if busy := _over_fair_share(checkpoint, now):
+            return busy
         validation.status = ValidationStatus.RUNNING
         validation.lease_until = lease.until(settings.VALIDATION_LEASE_S)
         validation.requested_by = validation.requested_by or requested_by
@@ -99,6 +101,42 @@ def claim(checkpoint_id: int, requested_by: str, revalidate: bool):
             checkpoint.status = CheckpointStatus.VERIFYING
             checkpoint.save(update_fields=["status"])
         return validation.pk, files_fingerprint(checkpoint)
+
+
+# How long a check deferred for fairness waits before it asks again.
+FAIR_SHARE_RETRY_S = 10.0
+
+
+def _over_fair_share(checkpoint, now) -> lease.Busy | None:
+    """Busy when the checkpoint's project already has VALIDATION_PROJECT_MAX_ACTIVE checks
+    running and another project's checkpoints wait: one project's huge checkpoints then
+    leave the other workers to the others. Work-conserving: with nobody else waiting, a
+    project takes every worker."""
+    from webapp.domain.models import Checkpoint, Validation
+    from webapp.domain.models.checkpoints import UNSETTLED
+    from webapp.domain.models.recovery import ValidationKind, ValidationStatus
+
+    limit = settings.VALIDATION_PROJECT_MAX_ACTIVE
+    if not limit:
+        return None
+    running = (
+        Validation.objects.filter(
+            checkpoint__project_id=checkpoint.project_id,
+            kind=ValidationKind.INTEGRITY,
+            status=ValidationStatus.RUNNING,
+            lease_until__gte=now,
+        )
+        .exclude(worker="")
+        .exclude(checkpoint_id=checkpoint.pk)
+        .count()
+    )
+    if running < limit:
+        return None
+    # Served by the partial index checkpoint_unsettled.
+    others = Checkpoint.objects.filter(status__in=UNSETTLED).exclude(
+        project_id=checkpoint.project_id
+    )
+    return lease.Busy(FAIR_SHARE_RETRY_S) if others.exists() else None
 
 
 class FileProgress:

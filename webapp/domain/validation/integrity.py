@@ -13,6 +13,7 @@ directory the same way.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import stat
@@ -22,6 +23,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from django.conf import settings
+
+from lifeboat.units import human_size
 from webapp.domain import confined_files
 
 CHUNK = 8 * 1024 * 1024  # large reads: hashlib releases the GIL and the disk streams
@@ -241,6 +245,24 @@ def _file_progress(progress, path: str):
     return lambda n: progress(n, file=path)
 
 
+def hole_bytes(fd: int, size: int) -> int:
+    """Bytes of the file's holes (never written: no disk behind them), found with
+    SEEK_DATA without reading them. 0 where the file system cannot tell."""
+    if os.fstat(fd).st_blocks * 512 >= size:
+        return 0  # every byte has a block (the common case: one fstat)
+    holes = position = 0
+    while position < size:
+        try:
+            data = os.lseek(fd, position, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data after `position`: a hole to the end
+                return holes + size - position
+            return 0  # SEEK_DATA not supported here
+        holes += data - position
+        position = os.lseek(fd, data, os.SEEK_HOLE)
+    return holes
+
+
 def _hash_and_compare(fd: int, spec: FileSpec, report: IntegrityReport, progress, lock=None):
     size = os.fstat(fd).st_size
     if size != spec.size:
@@ -250,6 +272,21 @@ def _hash_and_compare(fd: int, spec: FileSpec, report: IntegrityReport, progress
                 "corrupt",
                 "size_mismatch",
                 f"{spec.path} is {what}: {size:,} bytes on disk, {spec.size:,} reported by the job",
+                spec.path,
+            )
+        ]
+    holes = hole_bytes(fd, size)
+    if holes >= settings.VALIDATION_SPARSE_HOLE_BYTES:
+        # A checkpoint writer writes every byte; a file of holes is declared, not
+        # written, and hashing its zeros (a terabyte costs nothing on disk) would hold a
+        # worker for hours. Not hashed: reported with the reason.
+        return [
+            Finding(
+                "suspicious",
+                "sparse",
+                f"{spec.path} is sparse: {human_size(size)} declared, "
+                f"{human_size(size - holes)} stored on disk ({human_size(holes)} never "
+                "written); not hashed",
                 spec.path,
             )
         ]
