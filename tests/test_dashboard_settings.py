@@ -95,7 +95,13 @@ def test_an_admin_adds_changes_and_removes_members(project, admin, django_user_m
     assert client.post(url + "remove/").status_code == 302
     assert not Membership.objects.filter(pk=membership.pk).exists()
     types = list(Event.objects.order_by("id").values_list("type", flat=True))
-    assert types == ["member.added", "member.role_changed", "member.removed"]
+    # The miss is audited too: the form says whether a name exists (docs/security.md).
+    assert types == [
+        "member.added",
+        "member.lookup_failed",
+        "member.role_changed",
+        "member.removed",
+    ]
     assert set(Event.objects.values_list("actor", flat=True)) == {"user:ada"}
 
 

@@ -45,3 +45,34 @@ def test_every_line_of_a_task_carries_its_run_and_checkpoint(
     assert any("succeeded" in line["message"] for line in task_lines)
     # Lines outside a task carry no stale ids.
     assert any(line["message"].endswith("ready.") and "checkpoint_id" not in line for line in lines)
+
+
+def test_a_newline_in_a_reported_value_cannot_forge_a_log_line():
+    """A value from a job (a file path may hold a newline) stays on its own line in the
+    plain format; a traceback after the line is kept as it is."""
+    import io
+    import logging
+
+    from webapp.ops.logs import ContextFilter, PlainFormatter, bound
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(PlainFormatter("%(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(ContextFilter())
+    logger = logging.getLogger("lifeboat.test.forge")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        with bound(run_key="r\nINFO forged: context"):
+            logger.warning("cannot read %s", "m.pt\nERROR webapp: forged line\x1b[31m")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("a real failure")
+    finally:
+        logger.removeHandler(handler)
+    first, *rest = stream.getvalue().splitlines()
+    assert first.startswith("WARNING lifeboat.test.forge: cannot read m.pt\\nERROR webapp")
+    assert "\\x1b[31m" in first and "run_key=r\\nINFO forged" in first
+    assert rest[0] == "ERROR lifeboat.test.forge: a real failure"
+    assert rest[1] == "Traceback (most recent call last):"

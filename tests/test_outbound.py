@@ -348,3 +348,15 @@ def test_a_copy_to_a_refused_endpoint_fails_at_once_with_a_clear_message(
     assert "link-local address" in replica.last_error
     (failed,) = Event.objects.filter(type="replica.failed", run=checkpoint.run)
     assert "LIFEBOAT_OUTBOUND_ALLOW" in failed.message
+
+
+def test_an_s3_location_without_a_target_uses_the_deployment_keys_only_where_granted(
+    project, s3, settings
+):
+    """A checkpoint at s3://bucket/... in a bucket the project has no target for is read
+    with the deployment's own keys: only for the projects granted them."""
+    settings.S3_DEFAULT_CREDENTIALS_PROJECTS = ["*"]
+    assert storage.s3_client(project, "some-bucket") is not None
+    settings.S3_DEFAULT_CREDENTIALS_PROJECTS = ["gamma"]
+    with pytest.raises(storage_access.TargetRefused, match="deployment's own S3 keys"):
+        storage.s3_client(project, "some-bucket")

@@ -4,7 +4,7 @@ regenerate the key (webapp/domain/health/badges.py)."""
 
 from __future__ import annotations
 
-from urllib.parse import quote
+import hmac
 
 from django.conf import settings
 from django.contrib import messages
@@ -57,14 +57,25 @@ def project_badge(request, badge_key: str, fmt: str):
     return _answer(request, badges.for_runs(_project(badge_key)), fmt)
 
 
-@require_GET
-def tag_badge(request, badge_key: str, name: str, fmt: str):
-    return _answer(request, badges.for_runs(_project(badge_key), tag=name), fmt)
+def _named(badge_key: str, kind: str, name_key: str, name: str) -> Project:
+    """The project, once the name's key is the one its badge key makes for this name:
+    else 404, the same answer as for a name the project does not have."""
+    project = _project(badge_key)
+    if not hmac.compare_digest(name_key, badges.name_key(project.badge_key, kind, name)):
+        raise Http404("no such badge")
+    return project
 
 
 @require_GET
-def run_badge(request, badge_key: str, name: str, fmt: str):
-    run = Run.objects.filter(project=_project(badge_key), key=name).first()
+def tag_badge(request, badge_key: str, name_key: str, name: str, fmt: str):
+    project = _named(badge_key, "tag", name_key, name)
+    return _answer(request, badges.for_runs(project, tag=name), fmt)
+
+
+@require_GET
+def run_badge(request, badge_key: str, name_key: str, name: str, fmt: str):
+    project = _named(badge_key, "run", name_key, name)
+    run = Run.objects.filter(project=project, key=name).first()
     if run is None:
         raise Http404("no such badge")
     return _answer(request, badges.for_run(run), fmt)
@@ -73,10 +84,12 @@ def run_badge(request, badge_key: str, name: str, fmt: str):
 def badge_urls(request, project: Project, tags: list[str], run_keys: list[str]) -> list[dict]:
     """What the badges page lists: the project's badge, one per tag in use and one per
     recent run, each with its SVG and JSON URLs."""
-    base = request.build_absolute_uri(f"/badge/{project.badge_key}")
-    rows = [{"what": "Project", "name": project.name, "url": base}]
-    rows += [{"what": "Tag", "name": t, "url": f"{base}/tag/{quote(t, safe='')}"} for t in tags]
-    rows += [{"what": "Run", "name": k, "url": f"{base}/run/{quote(k)}"} for k in run_keys]
+    url = request.build_absolute_uri
+    rows = [{"what": "Project", "name": project.name, "url": url(badges.path(project))}]
+    rows += [{"what": "Tag", "name": t, "url": url(badges.path(project, "tag", t))} for t in tags]
+    rows += [
+        {"what": "Run", "name": k, "url": url(badges.path(project, "run", k))} for k in run_keys
+    ]
     return [{**row, "svg": row["url"] + ".svg", "json": row["url"] + ".json"} for row in rows]
 
 

@@ -38,6 +38,11 @@ class MemberForm(forms.Form):
 @project_view(Role.ADMIN)
 def members(request):
     form = MemberForm(request.POST or None)
+    if request.method == "POST" and not form.is_valid() and "username" in form.errors:
+        # The answer tells whether such a user exists (docs/security.md, known limits):
+        # every miss is audited, so a project admin probing names is seen doing it.
+        asked = str(request.POST.get("username", ""))[:150]
+        audit(request, "member.lookup_failed", f"no active user {asked!r} to add")
     if request.method == "POST" and form.is_valid():
         role = form.cleaned_data["role"]
         try:

@@ -143,12 +143,14 @@ urlpatterns = [
         name="badge-project",
     ),
     re_path(
-        r"^badge/(?P<badge_key>[A-Za-z0-9_-]+)/tag/(?P<name>.+)\.(?P<fmt>svg|json)$",
+        r"^badge/(?P<badge_key>[A-Za-z0-9_-]+)/tag/(?P<name_key>[A-Za-z0-9_-]{16})/"
+        r"(?P<name>.+)\.(?P<fmt>svg|json)$",
         badge_views.tag_badge,
         name="badge-tag",
     ),
     re_path(
-        r"^badge/(?P<badge_key>[A-Za-z0-9_-]+)/run/(?P<name>.+)\.(?P<fmt>svg|json)$",
+        r"^badge/(?P<badge_key>[A-Za-z0-9_-]+)/run/(?P<name_key>[A-Za-z0-9_-]{16})/"
+        r"(?P<name>.+)\.(?P<fmt>svg|json)$",
         badge_views.run_badge,
         name="badge-run",
     ),

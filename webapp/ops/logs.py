@@ -14,6 +14,7 @@ import contextvars
 import inspect
 import json
 import logging
+import re
 from datetime import UTC, datetime
 
 _context: contextvars.ContextVar[dict | None] = contextvars.ContextVar("lifeboat_log", default=None)
@@ -46,12 +47,25 @@ class ContextFilter(logging.Filter):
         return True
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def one_line(text: str) -> str:
+    """A value from a job (a run key, an error message) on one log line: a newline in it
+    must not start a line of its own that reads like Lifeboat's."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 class PlainFormatter(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
+
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        line = super().format(record)  # a traceback after the line stays as it is
         context = getattr(record, "context", None) or {}
         if context:
-            line += " [" + " ".join(f"{k}={v}" for k, v in context.items()) + "]"
+            line += " [" + " ".join(f"{k}={one_line(str(v))}" for k, v in context.items()) + "]"
         return line
 
 

@@ -3,7 +3,9 @@ of a tag's or a project's runs, for a README or a wall screen.
 
 A badge is served without a token at a URL that carries the project's badge_key
 (Project.badge_key, 128 random bits, regenerable by an admin): whoever has the URL sees
-one word and a name, nothing else. States, worst first:
+one word and a name, nothing else. A run's or a tag's URL also carries name_key(), an
+HMAC of the name under the badge key: one public badge URL does not let anyone ask
+about other run or tag names (an oracle for guessed names). States, worst first:
 
   failed    the run failed
   overdue   no checkpoint for longer than its interval plus grace (run_health)
@@ -19,8 +21,12 @@ checkpoints) no longer counts: the resumed run carries on for it."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 from dataclasses import dataclass, field
 from datetime import timedelta
+from urllib.parse import quote
 
 from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q
@@ -28,6 +34,23 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 ORDER = ("failed", "overdue", "late", "up", "running", "finished", "none")
+
+
+def name_key(badge_key: str, kind: str, name: str) -> str:
+    """16 URL-safe characters only the project's badge key makes for this run or tag."""
+    mac = hmac.new(badge_key.encode(), f"{kind}\0{name}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac[:12]).decode()
+
+
+def path(project, kind: str | None = None, name: str = "") -> str:
+    """The badge's URL path without its .svg / .json: the project's, or a run's or a
+    tag's (kind "run" or "tag")."""
+    base = f"/badge/{project.badge_key}"
+    if kind is None:
+        return base
+    shown = quote(name, safe="/" if kind == "run" else "")
+    return f"{base}/{kind}/{name_key(project.badge_key, kind, name)}/{shown}"
+
 
 # shields.io's palette, so that the badges sit well beside others in a README.
 COLOURS = {

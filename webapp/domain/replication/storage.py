@@ -9,7 +9,11 @@ import threading
 
 from django.conf import settings
 
-from webapp.domain.replication.storage_access import target_access
+from webapp.domain.replication.storage_access import (
+    TargetRefused,
+    may_use_default_keys,
+    target_access,
+)
 
 _clients: dict[tuple, object] = {}
 _clients_lock = threading.Lock()
@@ -93,6 +97,14 @@ def s3_client(project=None, bucket: str | None = None):
     if project is not None and bucket:
         target = project.storage_targets.filter(bucket=bucket, enabled=True).first()
     if target is None:
+        if project is not None and not may_use_default_keys(project.slug):
+            # The deployment's own keys, for an s3:// location in a bucket the project has
+            # no target for: only where the deployment granted them to the project.
+            raise TargetRefused(
+                f"project {project.slug} may not use the deployment's own S3 keys "
+                f"(S3_DEFAULT_CREDENTIALS_PROJECTS), and has no storage target for bucket "
+                f"{bucket!r} naming credentials of its own"
+            )
         return client(
             settings.S3_ENDPOINT_URL,
             settings.S3_REGION,
