@@ -37,24 +37,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from tests.servers import free_port, wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 QUEUES = "validate,replicate,restore,launch,alerts"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"{what}: not within {timeout:.0f} s")
 
 
 class PrivateRedis:
@@ -72,7 +58,7 @@ class PrivateRedis:
              "--appendonly", "no", "--dir", str(workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        wait_until(self._answers, 10, "the private redis-server")
+        wait_for(self._answers, timeout=10, interval=0.2)
 
     def _answers(self) -> bool:
         try:
@@ -140,7 +126,7 @@ class LoadStack:
         )  # fmt: skip
         self.start_workers()
         self.start_beat()
-        wait_until(self._web_answers, 60, "the web server")
+        wait_for(self._web_answers, timeout=60, interval=0.2)
         return self
 
     def start_beat(self) -> None:
@@ -199,7 +185,7 @@ class LoadStack:
             return True
 
         if wait:
-            wait_until(ready, 60, "the Celery workers")
+            wait_for(ready, timeout=60, interval=0.2)
 
     def _web_answers(self) -> bool:
         if self.web.poll() is not None:

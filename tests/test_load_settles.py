@@ -18,7 +18,8 @@ import uuid
 import pytest
 from django.db import connection
 
-from bench.load_stack import Load, LoadStack, progress, settle, wait_until
+from bench.load_stack import Load, LoadStack, progress, settle
+from tests.servers import wait_for
 from webapp.domain.models import Event, StorageTarget
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -76,9 +77,7 @@ def run_load(stack, load, fault=None):
     started = time.monotonic()
     sender = load.start()
     if fault is not None:
-        wait_until(
-            lambda: progress(load)[0] >= load.jobs * load.checkpoints // 5, 60, "a fifth verified"
-        )
+        wait_for(lambda: progress(load)[0] >= load.jobs * load.checkpoints // 5, timeout=60)
         fault()
     settled = settle(load, started, timeout=BOUND_S)
     sender.join(60)
