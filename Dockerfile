@@ -14,6 +14,10 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN pip install --no-cache-dir --extra-index-url "$TORCH_INDEX_URL" ./client '.[worker]'
 COPY . .
 RUN SECRET_KEY=build-only python manage.py collectstatic --noinput
+# The user that launched jobs and restore checks run as (LAUNCH_RUN_AS in
+# docker-compose.yml): not the workers' own, who hold the secrets. setpriv (util-linux,
+# in the base image) switches to it.
+RUN useradd --system --no-create-home --shell /usr/sbin/nologin jobs
 EXPOSE 8000
 # What docker-compose.yml and `make run` serve: uvicorn workers, POST /api/v1/events on
 # each worker's event loop (webapp/api/ingest_asgi.py).
