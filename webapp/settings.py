@@ -349,6 +349,9 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # after delays doubling up to TASK_RETRY_MAX_S (workers/retrying.py).
 TASK_TRANSIENT_RETRIES = env_int("TASK_TRANSIENT_RETRIES", 10, minimum=0)
 TASK_RETRY_MAX_S = env_int("TASK_RETRY_MAX_S", 60, minimum=1)
+# A checkpoint written by many ranks whose ranks have not all reported their part this
+# long after the first did is marked incomplete, naming the missing ranks.
+CHECKPOINT_PARTS_WAIT_S = env_int("CHECKPOINT_PARTS_WAIT_S", 600, minimum=1)
 # The sweeper (webapp/domain/repair.py) looks this often for work the database says is
 # owed and nobody is doing, and sends it again.
 SWEEP_INTERVAL_S = env_int("SWEEP_INTERVAL_S", 60, minimum=1)

@@ -15,9 +15,10 @@ from django.utils import timezone
 def sweep(limit: int = 1000) -> int:
     """Every stage's work that the database says is owed and nobody is doing, sent
     again (webapp/domain/repair.py). Returns how many pieces were sent."""
-    from webapp.domain import repair
+    from webapp.domain import parts_deadline, repair
 
-    return len(repair.sweep(limit=limit))
+    closed = parts_deadline.close_overdue(limit=limit)
+    return len(repair.sweep(limit=limit)) + len(closed)
 
 
 @shared_task(name="workers.sweeper.revalidate_stale", ignore_result=True)

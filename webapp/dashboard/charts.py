@@ -319,13 +319,11 @@ def mark_resumes(chart: Chart, resumes: list[int], lo: int, hi: int) -> None:
 def run_charts(run, metric_keys: list[str]) -> list[Chart]:
     """Checkpoint size and save time, then each metric, against step: 4 queries,
     whatever the number of rows and metrics."""
-    from webapp.domain.models.checkpoints import CheckpointStatus
+    from webapp.domain.models.checkpoints import NOT_SAVED, CheckpointStatus
 
     charts = []
     checkpoints, resumes = lineage_points(run, "checkpoints")
-    saved = checkpoints.exclude(
-        status__in=(CheckpointStatus.SAVING, CheckpointStatus.FAILED, CheckpointStatus.DELETED)
-    )
+    saved = checkpoints.exclude(status__in=(*NOT_SAVED, CheckpointStatus.DELETED))
     bounds = saved.order_by().aggregate(lo=Min("step"), hi=Max("step"))
     if bounds["lo"] is not None:
         lo, hi = bounds["lo"], bounds["hi"]

@@ -52,7 +52,7 @@ STATUS_FILTERS = [(s.value, s.label) for s in RunStatus] + [
     (Health.LATE.value, "Late"),
     (Health.OVERDUE.value, "Overdue"),
     (problems.UNRESUMED_FAILED, "Failed, not resumed"),
-    (problems.DAMAGED, "Corrupt or suspicious checkpoints"),
+    (problems.DAMAGED, "Corrupt, suspicious or incomplete checkpoints"),
 ]
 
 

@@ -23,6 +23,8 @@ def validate(checkpoint: Checkpoint, actor: str) -> Requested:
         locked = lock(checkpoint.pk)
         if locked.status in (CheckpointStatus.SAVING, CheckpointStatus.FAILED):
             raise ActionRefused(f"step {locked.step} was never saved")
+        if locked.status == CheckpointStatus.INCOMPLETE:
+            raise ActionRefused(f"step {locked.step} is {locked.status_message}")
         if locked.status in (CheckpointStatus.DELETED, CheckpointStatus.DELETING):
             raise ActionRefused(f"step {locked.step} is {locked.status}")
         validation, alive = pending(locked, ValidationKind.INTEGRITY)

@@ -65,6 +65,7 @@ def summary(project_id: int) -> list[dict]:
         ("late", counts["late"], "late", "warn"),
         (DAMAGED, checkpoints.get("corrupt", 0), "corrupt checkpoint", "bad"),
         (DAMAGED, checkpoints.get("suspicious", 0), "suspicious checkpoint", "warn"),
+        (DAMAGED, checkpoints.get("incomplete", 0), "incomplete checkpoint", "bad"),
     ]
     found = [
         {

@@ -23,6 +23,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     field_validator,
+    model_validator,
 )
 
 EVENT_TYPES = (
@@ -40,6 +41,7 @@ CHECKPOINT_TYPES = ("checkpoint.started", "checkpoint.saved", "checkpoint.failed
 ENVELOPE = ("id", "type", "run", "time")
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
@@ -114,6 +116,13 @@ def _location(value: str) -> str:
         return value
     if not value.startswith("/"):
         raise ValueError("must be an absolute path or an s3:// URI")
+    return value
+
+
+def _host(value: str) -> str:
+    # A host name becomes a queue name (validate.<host>) and a label on pages.
+    if value and not _HOST.match(value):
+        raise ValueError("a host is letters, digits, '.', '-' and '_'")
     return value
 
 
@@ -200,6 +209,22 @@ class CheckpointFileIn(BaseModel):
     sha256: Annotated[StrictStr, AfterValidator(_sha256)]
 
 
+class CheckpointPartIn(BaseModel):
+    """The share of a checkpoint that one rank of a distributed job wrote (docs/api.md,
+    "Checkpoints written by many ranks"): the event's files are this rank's only, and the
+    checkpoint is complete once every rank of world_size has reported its part."""
+
+    rank: Annotated[Integer, Field(ge=0, lt=MAX_WORLD_SIZE)]
+    world_size: Annotated[Integer, Field(ge=1, le=MAX_WORLD_SIZE)]
+    host: Annotated[StrictStr, Field(max_length=255), AfterValidator(_host)] = ""
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> CheckpointPartIn:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
+        return self
+
+
 class CheckpointSaved(_Event):
     type: Literal["checkpoint.saved"]
     step: Step
@@ -209,6 +234,7 @@ class CheckpointSaved(_Event):
     save_seconds: Annotated[Seconds, Field(ge=0)] | None = None
     metrics: Metrics = Field(default_factory=dict)
     format: Annotated[StrictStr, Field(max_length=50)] = ""
+    part: CheckpointPartIn | None = None
 
     @field_validator("files")
     @classmethod

@@ -23,6 +23,7 @@ from webapp.domain.ingest.bulk_sql import (
     update_rows_later,
 )
 from webapp.domain.ingest.event_schema import CHECKPOINT_TYPES, json_safe
+from webapp.domain.ingest.parts import PartsFolding
 from webapp.domain.ingest.sql_pipeline import Pending, commit_later, pipeline
 from webapp.domain.models import Checkpoint, CheckpointFile, MetricPoint, Project, Run
 from webapp.domain.models.checkpoints import CheckpointStatus
@@ -34,9 +35,9 @@ def _later(current: datetime | None, new: datetime) -> bool:
     return current is None or new >= current
 
 
-class Applier:
+class Applier(PartsFolding):
     """Folds new events into runs, checkpoints and metric points, then writes them in
-    bulk."""
+    bulk. Parts of checkpoints written by many ranks: parts.py."""
 
     def __init__(self, project: Project, runs: dict[str, Run], safe=json_safe):
         self.safe = safe
@@ -49,6 +50,7 @@ class Applier:
         self.replaced_files: dict[tuple[int, int], list] = {}
         self.to_validate: set[tuple[int, int]] = set()
         self.metric_points: dict[tuple[int, int], MetricPoint] = {}
+        self._init_parts()
 
     # --- folding --------------------------------------------------------------------
 
@@ -174,6 +176,9 @@ class Applier:
         self._set(checkpoint, "error", event.error)
 
     def _on_checkpoint_saved(self, run: Run, event) -> None:
+        if event.part is not None:
+            self._on_checkpoint_part(run, event)
+            return
         checkpoint = self._checkpoint(run, event.step, event.time)
         self._step_seen(run, event.step)
         if checkpoint.saved_at is not None and event.time < checkpoint.saved_at:
@@ -193,6 +198,8 @@ class Applier:
             return
         # New, or the step was written again with other bytes: check it from scratch.
         self._set(checkpoint, "location", event.location)
+        self._set(checkpoint, "world_size", None)  # one report holds the whole
+        self.new_parts.pop((run.pk, event.step), None)
         self._set(checkpoint, "total_size", sum(size for _, size, _ in files))
         self._set(checkpoint, "file_count", len(files))
         self._set(checkpoint, "status", CheckpointStatus.REPORTED)
@@ -218,9 +225,20 @@ class Applier:
             key = (checkpoint.run_id, checkpoint.step)
             if key in wanted:
                 self.checkpoints[key] = checkpoint
-        # The files of existing checkpoints, in one query, to tell a repeated report from
-        # a re-save without a query per checkpoint.
-        saved_ids = [c.pk for c in self.checkpoints.values() if c.saved_at is not None]
+        # Parts of checkpoints written by many ranks: their rows, not their files.
+        parted = [c.pk for c in self.checkpoints.values() if c.world_size is not None]
+        if parted:
+            self._load_parts(parted)
+        # The files of existing checkpoints that a whole report names, in one query, to
+        # tell a repeated report from a re-save without a query per checkpoint.
+        whole = {
+            (self.runs[e.run].pk, e.step)
+            for e in events
+            if e.type == "checkpoint.saved" and e.part is None
+        }
+        saved_ids = [
+            c.pk for key, c in self.checkpoints.items() if c.saved_at is not None and key in whole
+        ]
         self.known_files: dict[int, list] = {pk: [] for pk in saved_ids}
         if not saved_ids:
             return
@@ -256,6 +274,9 @@ class Applier:
         ]
         if resaved:  # a step saved again with other files: the old list goes
             CheckpointFile.objects.filter(checkpoint_id__in=resaved).delete()
+        self._delete_replaced_parts()
+        # Parts are written after the checkpoints have their ids: not with the COMMIT.
+        commit = commit and not self.new_parts
         self._flush_metrics()
         # What is left does not depend on answers: one round trip for all of it.
         with pipeline():
@@ -293,6 +314,7 @@ class Applier:
         for checkpoint in self.new_checkpoints:
             checkpoint.pk = ids[(checkpoint.run_id, checkpoint.step)]
             checkpoint._state.adding = False
+        self._write_parts()
 
         to_validate = sorted(self.checkpoints[key].pk for key in self.to_validate)
         if to_validate:

@@ -2,7 +2,12 @@
 happened to them."""
 
 from webapp.domain.models.alerts import AlertChannel, Flip, Notification
-from webapp.domain.models.checkpoints import Checkpoint, CheckpointFile, MetricPoint
+from webapp.domain.models.checkpoints import (
+    Checkpoint,
+    CheckpointFile,
+    CheckpointPart,
+    MetricPoint,
+)
 from webapp.domain.models.events import Event
 from webapp.domain.models.projects import (
     ApiToken,
@@ -20,6 +25,7 @@ __all__ = [
     "ApiToken",
     "Checkpoint",
     "CheckpointFile",
+    "CheckpointPart",
     "Event",
     "Flip",
     "LaunchProfile",

@@ -12,6 +12,9 @@ class CheckpointStatus(models.TextChoices):
     SAVING = "saving", "Saving"
     # The job said the save failed (checkpoint.failed).
     FAILED = "failed", "Save failed"
+    # Written by many ranks, and some never reported their part before the deadline
+    # (CHECKPOINT_PARTS_WAIT_S): never checked, never verified (webapp/domain/parts.py).
+    INCOMPLETE = "incomplete", "Incomplete"
     REPORTED = "reported", "Reported"
     VERIFYING = "verifying", "Verifying"
     VERIFIED = "verified", "Verified"
@@ -23,11 +26,15 @@ class CheckpointStatus(models.TextChoices):
     DELETED = "deleted", "Deleted"
 
 
+# Never saved whole: nothing to check, copy or resume (a save still being written or
+# reported part by part, a failed save, one whose ranks did not all report).
+NOT_SAVED = (CheckpointStatus.SAVING, CheckpointStatus.FAILED, CheckpointStatus.INCOMPLETE)
+
 # Statuses a validation task still has to settle; the sweeper looks for these.
 UNSETTLED = (CheckpointStatus.REPORTED, CheckpointStatus.VERIFYING)
 
 # What the runs list counts as problems of a run's checkpoints.
-DAMAGED = (CheckpointStatus.CORRUPT, CheckpointStatus.SUSPICIOUS)
+DAMAGED = (CheckpointStatus.CORRUPT, CheckpointStatus.SUSPICIOUS, CheckpointStatus.INCOMPLETE)
 
 # The local copy is damaged or gone, but the bytes that were verified may live on in a
 # replica (replicas are made of verified checkpoints only): resume.prepare() restores
@@ -71,6 +78,9 @@ class Checkpoint(models.Model):
     total_size = models.BigIntegerField(default=0)
     file_count = models.IntegerField(default=0)
     save_seconds = models.FloatField(null=True, blank=True)
+    # Ranks that each report their own part (CheckpointPart); None when one process
+    # reported the whole checkpoint.
+    world_size = models.IntegerField(null=True, blank=True)
     metrics = models.JSONField(default=dict, blank=True)
     # What the last load check saw: {"tensors", "parameters", "dtypes", "keys": {name:
     # [dtype, shape]}}; the next checkpoint of the run is compared against it.
@@ -119,6 +129,13 @@ class Checkpoint(models.Model):
                 name="checkpoint_damaged",
                 condition=models.Q(status__in=DAMAGED),
             ),
+            # Checkpoints whose ranks are still reporting their parts: the sweeper closes
+            # those past CHECKPOINT_PARTS_WAIT_S (webapp/domain/parts_deadline.py).
+            models.Index(
+                fields=["updated_at"],
+                name="checkpoint_parts_waiting",
+                condition=models.Q(status="saving", world_size__isnull=False),
+            ),
             # The sweeper looks for the checkpoints verified lately that miss a replica
             # their targets' policies ask for (webapp/domain/replication/owed.py).
             models.Index(
@@ -130,6 +147,13 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run.key}@{self.step}"
+
+    def missing_parts(self) -> list[int]:
+        """The ranks whose part was never reported ([] for a checkpoint reported whole)."""
+        if self.world_size is None:
+            return []
+        reported = set(self.parts.values_list("rank", flat=True))
+        return [rank for rank in range(self.world_size) if rank not in reported]
 
     def resume_refusal(self) -> str:
         """Why this checkpoint cannot be resumed from ("" when it can), by resumable_q()."""
@@ -153,8 +177,7 @@ class Checkpoint(models.Model):
     @property
     def can_be_validated(self) -> bool:
         return self.status not in (
-            CheckpointStatus.SAVING,
-            CheckpointStatus.FAILED,
+            *NOT_SAVED,
             CheckpointStatus.DELETING,
             CheckpointStatus.DELETED,
         )
@@ -174,6 +197,8 @@ class CheckpointFile(models.Model):
     path = models.CharField(max_length=1000)
     size = models.BigIntegerField()
     sha256 = models.CharField(max_length=64)
+    # The rank whose part reported it; None when the whole checkpoint was one report.
+    rank = models.IntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -182,6 +207,33 @@ class CheckpointFile(models.Model):
 
     def __str__(self) -> str:
         return self.path
+
+
+class CheckpointPart(models.Model):
+    """One rank's report of its share of a checkpoint (a `checkpoint.saved` event with a
+    `part`): the files that rank wrote, on the host that holds them."""
+
+    checkpoint = models.ForeignKey(
+        Checkpoint, on_delete=models.CASCADE, related_name="parts", db_index=False
+    )
+    rank = models.IntegerField()
+    host = models.CharField(max_length=255, blank=True)
+    file_count = models.IntegerField(default=0)
+    total_size = models.BigIntegerField(default=0)
+    # sha256 of the part's sorted (path, size, sha256) list: a repeated report of the
+    # same part is told from a re-save without reading the files' rows.
+    files_digest = models.CharField(max_length=64)
+    # The time the job gave its report (the event's), and when it arrived.
+    saved_at = models.DateTimeField()
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["checkpoint", "rank"], name="checkpoint_part_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} of checkpoint {self.checkpoint_id}"
 
 
 class MetricPoint(models.Model):

@@ -167,6 +167,7 @@ def _plan_local(policy, run) -> list[Decision]:
                 CheckpointStatus.DELETING,
                 CheckpointStatus.SAVING,
                 CheckpointStatus.FAILED,
+                CheckpointStatus.INCOMPLETE,
             )
         ).order_by("step")
     )

@@ -31,6 +31,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp.domain import lease
+from webapp.domain.ingest.parts import describe_ranks
 from webapp.domain.locks import for_update
 
 PROGRESS_EVERY_S = 1.0
@@ -48,7 +49,7 @@ def files_fingerprint(checkpoint) -> str:
 
 def claim(checkpoint_id: int, requested_by: str, revalidate: bool):
     from webapp.domain.models import Checkpoint, Validation
-    from webapp.domain.models.checkpoints import CheckpointStatus
+    from webapp.domain.models.checkpoints import NOT_SAVED, CheckpointStatus
     from webapp.domain.models.recovery import ValidationKind, ValidationStatus
 
     with transaction.atomic():
@@ -56,8 +57,7 @@ def claim(checkpoint_id: int, requested_by: str, revalidate: bool):
         if checkpoint is None:
             return None
         if checkpoint.status in (
-            CheckpointStatus.SAVING,
-            CheckpointStatus.FAILED,
+            *NOT_SAVED,
             CheckpointStatus.DELETING,
             CheckpointStatus.DELETED,
         ):
@@ -302,7 +302,7 @@ def _lock(validation_id: int):
 
 def record(validation_id: int, fingerprint: str, result, content: dict, timings: dict) -> str:
     from webapp.domain.models import Event
-    from webapp.domain.models.checkpoints import CheckpointStatus
+    from webapp.domain.models.checkpoints import NOT_SAVED, CheckpointStatus
     from webapp.domain.models.recovery import ValidationStatus
 
     now = timezone.now()
@@ -313,6 +313,15 @@ def record(validation_id: int, fingerprint: str, result, content: dict, timings:
         validation.findings = [f.as_dict() for f in result.findings]
         validation.timings = timings
         validation.finished_at = now
+        missing = checkpoint.missing_parts()
+        if missing or checkpoint.status in NOT_SAVED:
+            # A part was replaced or went missing while this ran: never a verdict on a
+            # checkpoint that is not whole (the complete one is checked when it is).
+            validation.status = ValidationStatus.ERROR
+            why = f"no part from {describe_ranks(missing)}" if missing else checkpoint.status
+            validation.message = f"Not whole when checked ({why}); no verdict recorded."
+            validation.save()
+            return "superseded"
         if files_fingerprint(checkpoint) != fingerprint:
             validation.status = ValidationStatus.ERROR
             validation.message = (
