@@ -323,12 +323,18 @@ def worker_env(django_db_setup, redis_client) -> dict:
 
 
 def start_worker(
-    env: dict, queues: str, log_path: Path, name: str | None = None, wait: bool = True
+    env: dict,
+    queues: str,
+    log_path: Path,
+    name: str | None = None,
+    wait: bool = True,
+    prefix: list[str] | None = None,
 ) -> subprocess.Popen:
     """A real Celery worker process (solo pool) on `queues`, its output in `log_path`;
-    with `wait`, returns once it says it is ready."""
-    command = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues,
-               "-P", "solo", "-l", "info", "--without-gossip", "--without-mingle",
+    with `wait`, returns once it says it is ready. `prefix`: a command that runs it (a
+    mount namespace standing in for another host)."""
+    command = [*(prefix or []), sys.executable, "-m", "celery", "-A", "workers", "worker",
+               "-Q", queues, "-P", "solo", "-l", "info", "--without-gossip", "--without-mingle",
                "--without-heartbeat"]  # fmt: skip
     if name:
         command += ["-n", f"{name}@%h"]

@@ -3,6 +3,7 @@ re-validation of the checkpoints people rely on."""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from celery import shared_task
@@ -16,8 +17,14 @@ def sweep(limit: int = 1000) -> int:
     """Every stage's work that the database says is owed and nobody is doing, sent
     again (webapp/domain/repair.py). Returns how many pieces were sent."""
     from webapp.domain import parts_deadline, repair
+    from webapp.domain.health import live_workers
 
     closed = parts_deadline.close_overdue(limit=limit)
+    try:
+        live_workers.refresh()
+        live_workers.alert_stranded()
+    except Exception:  # noqa: BLE001 (the repairs below matter more; the next sweep asks again)
+        logging.getLogger(__name__).exception("sweep: could not ask the workers")
     return len(repair.sweep(limit=limit)) + len(closed)
 
 

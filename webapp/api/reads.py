@@ -78,6 +78,17 @@ class FileOut(Schema):
     path: str
     size: int
     sha256: str
+    rank: int | None  # the rank whose part reported it; None: reported whole
+
+
+class PartOut(Schema):
+    """One rank's part of a checkpoint written by many ranks."""
+
+    rank: int
+    host: str
+    file_count: int
+    total_size: int
+    saved_at: datetime
 
 
 class ReplicaFileOut(Schema):
@@ -171,6 +182,8 @@ class CheckpointOut(Schema):
     status_message: str
     pinned: bool
     verified_at: datetime | None
+    # Ranks that each report their part; None when one process reported it whole.
+    world_size: int | None
 
     @staticmethod
     def resolve_run(checkpoint: Checkpoint) -> str:
@@ -180,12 +193,17 @@ class CheckpointOut(Schema):
 class CheckpointDetailOut(CheckpointOut):
     content: dict[str, Any]
     files: list[FileOut]
+    parts: list[PartOut]
     replicas: list[ReplicaOut]
     validations: list[ValidationOut]
 
     @staticmethod
     def resolve_files(checkpoint: Checkpoint):
         return list(checkpoint.files.order_by("path"))
+
+    @staticmethod
+    def resolve_parts(checkpoint: Checkpoint):
+        return list(checkpoint.parts.order_by("rank"))
 
     @staticmethod
     def resolve_replicas(checkpoint: Checkpoint):

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import Min
 from django.utils import timezone
 
+from webapp.domain.health import alerts
 from webapp.domain.ingest.parts import incomplete_message
 from webapp.domain.locks import for_update
 
@@ -54,6 +55,15 @@ def _close(checkpoint_id: int) -> bool:
         checkpoint.status_message = incomplete_message(checkpoint.world_size, reported)
         checkpoint.updated_at = timezone.now()
         checkpoint.save(update_fields=["status", "status_message", "updated_at"])
+        alerts.record(
+            "checkpoint.incomplete",
+            f"checkpoint.incomplete:{checkpoint.pk}:{checkpoint.saved_at.isoformat()}",
+            f"Step {checkpoint.step} of run {checkpoint.run.key} is {checkpoint.status_message}.",
+            project_id=checkpoint.project_id,
+            run_id=checkpoint.run_id,
+            checkpoint_id=checkpoint.pk,
+            data={"missing_ranks": missing[:1000]},
+        )
         Event.record(
             "checkpoint.incomplete",
             checkpoint=checkpoint,

@@ -48,6 +48,8 @@ SEVERITY_ICON = {
     "checkpoint.suspicious": "🟠",
     "save.slow": "🟠",
     "storage.over_quota": "🟠",
+    "checkpoint.incomplete": "🔴",
+    "host.no_worker": "🔴",
     "run.up": "🟢",
 }
 

@@ -75,7 +75,24 @@ def summary(project_id: int) -> list[dict]:
         for f, n, label, tone in rows
         if n
     ]  # fmt: skip
-    return found + _repairs(project_id)
+    return found + _repairs(project_id) + _stranded(project_id)
+
+
+def _stranded(project_id: int) -> list[dict]:
+    """Hosts whose node-local parts wait with no live worker on their queue."""
+    from webapp.domain.health import live_workers
+
+    return [
+        {
+            "filter": None,
+            "count": entry["parts"],
+            "tone": "bad",
+            "label": f"no worker for host {host}",
+            "title": f"Parts of node-local checkpoints wait on queue validate.{host}, and no "
+            f"live worker listens there: start one on {host} (docs/deployment.md).",
+        }
+        for host, entry in sorted(live_workers.stranded_hosts(project_id).items())
+    ]
 
 
 def _repairs(project_id: int) -> list[dict]:

@@ -21,6 +21,8 @@ class AlertKind(models.TextChoices):
     RESTORE_FAILED = "restore.failed", "Restore test failed"
     SAVE_SLOW = "save.slow", "A save took far longer than usual"
     STORAGE_OVER_QUOTA = "storage.over_quota", "Storage over the project's quota"
+    CHECKPOINT_INCOMPLETE = "checkpoint.incomplete", "Checkpoint incomplete (a rank never reported)"
+    HOST_NO_WORKER = "host.no_worker", "No worker for a host's node-local checkpoints"
 
 
 class ChannelKind(models.TextChoices):

@@ -64,6 +64,10 @@ class Project(models.Model):
     slug = models.SlugField(max_length=100, unique=True)
     # The only directories workers may read checkpoints from (absolute paths).
     allowed_roots = models.JSONField(default=list, blank=True, validators=[validate_allowed_roots])
+    # Checkpoints are written to each node's own disk (node-local NVMe), where only that
+    # node can read them: the work on each rank's part runs on its host's queues
+    # (validate.<host>; webapp/domain/hosts.py). False: one shared file system.
+    node_local = models.BooleanField(default=False)
     # Alerts: storage.over_quota when its checkpoints keep more bytes than this.
     storage_quota_bytes = models.BigIntegerField(null=True, blank=True)
     over_quota = models.BooleanField(default=False)

@@ -109,6 +109,9 @@ class ValidationPart(models.Model):
     status = models.CharField(
         max_length=16, choices=ValidationStatus.choices, default=ValidationStatus.QUEUED
     )
+    # The host that holds these files, for a node-local checkpoint (its task goes to
+    # validate.<host>); "" when any worker can read them.
+    host = models.CharField(max_length=255, blank=True)
     worker = models.CharField(max_length=255, blank=True)
     # {"findings": [...], "bytes_read": int, "hash_s": float, "inspection": {...}}
     result = models.JSONField(default=dict, blank=True)

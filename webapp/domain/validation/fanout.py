@@ -27,6 +27,7 @@ from django.utils import timezone
 from webapp.domain import lease
 from webapp.domain.locks import for_update
 from webapp.domain.transient import is_transient
+from webapp.domain.validation import node_local
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,10 @@ def fan_out(validation_id: int, fingerprint: str) -> bool:
     from webapp.domain.models import Validation, ValidationPart
     from webapp.domain.validation.inspect_parts import split
 
-    validation = Validation.objects.select_related("checkpoint").get(pk=validation_id)
+    validation = Validation.objects.select_related("checkpoint__project").get(pk=validation_id)
     checkpoint = validation.checkpoint
+    if node_local.applies(checkpoint):
+        return _fan_out_by_host(validation_id, fingerprint, checkpoint)
     threshold = settings.VALIDATION_FANOUT_BYTES
     rows = list(checkpoint.files.order_by("path").values_list("path", "size"))
     if (
@@ -71,9 +74,53 @@ def fan_out(validation_id: int, fingerprint: str) -> bool:
     return True
 
 
+def _fan_out_by_host(validation_id: int, fingerprint: str, checkpoint) -> bool:
+    """A node-local checkpoint: one part per host, on that host's queue (node_local.py);
+    rank 0's shared files first."""
+    from webapp.domain.models import Validation, ValidationPart
+
+    with transaction.atomic():
+        locked = for_update(Validation.objects).get(pk=validation_id)
+        if not locked.parts.exists():
+            ValidationPart.objects.bulk_create(
+                ValidationPart(
+                    validation=locked,
+                    index=i,
+                    files=part["files"],
+                    bytes_total=part["bytes"],
+                    host=part["host"],
+                    result={"fingerprint": fingerprint, "phase": part["phase"]},
+                )
+                for i, part in enumerate(node_local.plan(checkpoint))
+            )
+        locked.files_total = checkpoint.file_count
+        locked.save(update_fields=["files_total"])
+        pending = _publishable(locked)
+        transaction.on_commit(lambda: _publish_parts(pending, validation_id, fingerprint))
+    return True
+
+
+def _publishable(validation) -> list[int]:
+    """The unfinished parts that may run now: the shared phase first, then the rest."""
+    unfinished = list(
+        validation.parts.filter(finished_at__isnull=True)
+        .order_by("index")
+        .values_list("pk", "result__phase")
+    )
+    shared = [pk for pk, phase in unfinished if phase == node_local.PHASE_SHARED]
+    return shared or [pk for pk, _ in unfinished]
+
+
 def _publish_parts(part_ids: list[int], validation_id: int, fingerprint: str) -> None:
+    from webapp.domain.models import ValidationPart
+
+    hosts = dict(ValidationPart.objects.filter(pk__in=part_ids).values_list("pk", "host"))
     for part_id in part_ids:
-        current_app.send_task("workers.validate.validate_part", args=[part_id])
+        current_app.send_task(
+            "workers.validate.validate_part",
+            args=[part_id],
+            queue=node_local.queue_for(hosts.get(part_id, "")),
+        )
     if not part_ids:  # every part had finished: the verdict task may have been lost
         current_app.send_task(
             "workers.validate.decide_validation", args=[validation_id, fingerprint]
@@ -138,6 +185,11 @@ def run_part(part_id: int, worker: str = "") -> str:
         result = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         status = ValidationStatus.ERROR
     result["fingerprint"] = part.result.get("fingerprint", "")
+    if part.result.get("phase"):
+        result["phase"] = part.result["phase"]
+    if part.host:  # a node-local part: say where its files are
+        for finding in result.get("findings", []):
+            finding["message"] = f"{finding['message']} (on host {part.host})"
     with transaction.atomic():
         locked = for_update(ValidationPart.objects).get(pk=part_id)
         if locked.finished_at is None:
@@ -153,6 +205,7 @@ def _check_part(part) -> dict:
     from webapp.domain.validation.inspect_parts import raw_parts
 
     checkpoint = part.validation.checkpoint
+    phase = part.result.get("phase")
     specs = file_specs(checkpoint)
     progress = PartProgress(part.validation_id)
     view = settings.SCRATCH_DIR / f"validation-{part.validation_id}-part-{part.index}.checked"
@@ -174,13 +227,23 @@ def _check_part(part) -> dict:
             "hash_s": round(report.seconds, 3),
             "inspections": [],
         }
+        if phase == node_local.PHASE_SHARED:
+            # Checked here; inspected with each host's part, which reads these bytes.
+            out["shared"] = node_local.keep_shared(report, part.files)
+            return out
         if report.ok and report.base:
             base = checked_view.make_view(report.handles, view)
+            inspected = part.files
+            if phase == node_local.PHASE_HOSTS:
+                shared = _shared_part(part)
+                node_local.fill_view(base, specs, report.handles, shared.result.get("shared", {}))
+                if shared.host == part.host:  # inspected here, where they were hashed
+                    inspected = [*shared.files, *part.files]
             out["inspections"] = raw_parts(
                 base,
                 [s.path for s in specs],
                 report.single_file,
-                part.files,
+                inspected,
                 parts=parallelism(),
                 timeout_s=settings.VALIDATION_TIMEOUT_S,
                 memory_bytes=settings.VALIDATION_MEMORY_BYTES,
@@ -192,16 +255,30 @@ def _check_part(part) -> dict:
         report.close()
 
 
+def _shared_part(part):
+    """The shared phase's part of the same validation (an empty one when it had none)."""
+    from webapp.domain.models import ValidationPart
+
+    shared = part.validation.parts.filter(result__phase=node_local.PHASE_SHARED).first()
+    return shared or ValidationPart(files=[], host="\0", result={})
+
+
 def _part_finished(part_id: int) -> None:
-    """The last part to finish publishes the verdict task (after its commit)."""
+    """The last part to finish publishes the verdict task (after its commit); the last
+    of a node-local check's shared phase publishes the hosts' parts."""
     from webapp.domain.models import Validation, ValidationPart
 
     with transaction.atomic():
         part = ValidationPart.objects.get(pk=part_id)
         validation = for_update(Validation.objects).get(pk=part.validation_id)
-        if validation.is_final or validation.parts.filter(finished_at__isnull=True).exists():
-            return
         fingerprint = part.result.get("fingerprint", "")
+        if validation.is_final:
+            return
+        if validation.parts.filter(finished_at__isnull=True).exists():
+            if part.result.get("phase") == node_local.PHASE_SHARED:
+                pending = _publishable(validation)
+                transaction.on_commit(lambda: _publish_parts(pending, validation.pk, fingerprint))
+            return
         transaction.on_commit(
             lambda: current_app.send_task(
                 "workers.validate.decide_validation", args=[validation.pk, fingerprint]

@@ -29,6 +29,13 @@ class Command(BaseCommand):
             help="a directory workers may read checkpoints from (repeatable)",
         )
         parser.add_argument(
+            "--storage",
+            choices=("shared", "node-local"),
+            help="where its jobs write checkpoints: one shared file system (the default), "
+            "or each node's own disk (work on each rank's part then runs on its host's "
+            "queues, validate.<host>)",
+        )
+        parser.add_argument(
             "--scopes",
             default="ingest,read",
             help=f"comma-separated token scopes from {','.join(Scope.values)}",
@@ -58,6 +65,9 @@ class Command(BaseCommand):
         if roots:
             project.allowed_roots = sorted(set(project.allowed_roots) | set(roots))
             project.save(update_fields=["allowed_roots"])
+        if options["storage"]:
+            project.node_local = options["storage"] == "node-local"
+            project.save(update_fields=["node_local"])
         if admin:
             from django.contrib.auth import get_user_model
 
@@ -70,7 +80,11 @@ class Command(BaseCommand):
         quiet = options["quiet_token"]
         if not quiet:
             verb = "Created" if created else "Updated"
-            self.stdout.write(f"{verb} project {project.slug} (roots: {project.allowed_roots})")
+            storage = "node-local" if project.node_local else "shared"
+            self.stdout.write(
+                f"{verb} project {project.slug} (roots: {project.allowed_roots}; "
+                f"checkpoints on {storage} storage)"
+            )
         if no_token:
             return
         if project.tokens.filter(name=token_name, revoked_at__isnull=True).exists():

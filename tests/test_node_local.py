@@ -1,0 +1,193 @@
+"""A node-local checkpoint, checked where its bytes are (webapp/domain/validation/node_local.py).
+
+Three hosts are real Celery worker processes, each in a mount namespace of its own where
+the checkpoints' folder is that host's own disk (a bind mount): a worker sees its host's
+files and no other's, as on a cluster with node-local NVMe. A central worker on the plain
+`validate` queue sees the folder empty. A real 8-rank DCP checkpoint (gloo) is spread over
+the hosts as its ranks would have written it, and every rank reports its part. Real
+PostgreSQL (or SQLite), Redis and workers; nothing stands in for the thing under test."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bench import corpus as corpus_writer
+from tests.conftest import start_worker, stop_worker, wait_for
+from webapp.domain.models import Checkpoint, ValidationPart
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+RANKS = 8
+HOSTS = ("node-0", "node-1", "node-2")
+
+
+def host_of(rank: int) -> str:
+    return HOSTS[rank % len(HOSTS)]
+
+
+@pytest.fixture(scope="module")
+def dcp_files(tmp_path_factory) -> Path:
+    """A real DCP save by 8 ranks, written once for the module."""
+    return corpus_writer.write("dcp", tmp_path_factory.mktemp("written"), 4 << 20, ranks=RANKS)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, worker_env, dcp_files):
+    """The checkpoints' folder (empty here), each host's disk, and a worker per host that
+    sees its own disk at that folder; a central worker that sees it empty. (No test here
+    empties Redis while they run: that would drop the queues' bindings under them.)"""
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode
+    ):
+        pytest.fail("these tests need mount namespaces (unshare -m, as root; CI has them)")
+    base = tmp_path_factory.mktemp("cluster")
+    shared = base / "ckpt"
+    shared.mkdir()
+    disks = {host: base / "disks" / host for host in HOSTS}
+    workers = {}
+    for host, disk in disks.items():
+        disk.mkdir(parents=True)
+        mount = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                 f'mount --bind "{disk}" "{shared}" && exec "$@"', "sh"]  # fmt: skip
+        workers[host] = start_worker(
+            worker_env, f"validate.{host}", base / f"{host}.log", name=host, prefix=mount
+        )
+    workers["central"] = start_worker(worker_env, "validate", base / "central.log", name="central")
+    yield {"shared": shared, "disks": disks, "workers": workers, "base": base, "env": worker_env}
+    for process in workers.values():
+        stop_worker(process)
+
+
+def spread(cluster, dcp_files: Path, step: int) -> str:
+    """Each rank's files on its host's disk, at the one location every rank reports."""
+    location = f"{cluster['shared']}/run-1/step-{step}"
+    for rank in range(RANKS):
+        folder = cluster["disks"][host_of(rank)] / "run-1" / f"step-{step}"
+        folder.mkdir(parents=True, exist_ok=True)
+        names = [f"__{rank}_0.distcp"] + ([".metadata"] if rank == 0 else [])
+        for name in names:
+            shutil.copy2(dcp_files / name, folder / name)
+    return location
+
+
+def report_parts(api, token, dcp_files: Path, location: str, step: int) -> None:
+    files = {f["path"]: f for f in corpus_writer.manifest(dcp_files)}
+    events = []
+    for rank in range(RANKS):
+        names = [f"__{rank}_0.distcp"] + ([".metadata"] if rank == 0 else [])
+        events.append(
+            {
+                "id": f"00000000-0000-4000-8000-{step:06d}{rank:06d}",
+                "type": "checkpoint.saved",
+                "run": "run-1",
+                "time": "2026-12-03T10:00:00Z",
+                "step": step,
+                "location": location,
+                "format": "dcp",
+                "files": [files[n] for n in names],
+                "part": {"rank": rank, "world_size": RANKS, "host": host_of(rank)},
+            }
+        )
+    answer = api.post_events(token, {"events": events})
+    assert answer.status_code == 202, answer.content
+
+
+@pytest.fixture
+def node_local(project, cluster):
+    project.allowed_roots = [str(cluster["shared"])]
+    project.node_local = True
+    project.save()
+    return project
+
+
+def settled(step: int, timeout: float = 90) -> Checkpoint:
+    def done():
+        checkpoint = Checkpoint.objects.get(step=step)
+        return checkpoint if checkpoint.status not in ("reported", "verifying") else None
+
+    try:
+        return wait_for(done, timeout, interval=0.3)
+    except AssertionError:
+        from webapp.domain.models import Validation
+
+        parts = ValidationPart.objects.values("index", "host", "status", "finished_at", "result")
+        checks = Validation.objects.values("status", "message", "finished_at", "files_total")
+        raise AssertionError(f"not settled: {list(checks)} {list(parts)}"[:3000]) from None
+
+
+def test_each_host_checks_its_own_part_and_the_checkpoint_is_verified(
+    api, token, node_local, cluster, dcp_files
+):
+    location = spread(cluster, dcp_files, step=1)
+    report_parts(api, token, dcp_files, location, step=1)
+    checkpoint = settled(1)
+    assert checkpoint.status == "verified", checkpoint.status_message
+    # Its tensors were scanned, on their hosts: 8 ranks' shards of every weight.
+    assert checkpoint.content["tensors"] > 0
+    parts = list(ValidationPart.objects.order_by("index").values_list("host", "files", "worker"))
+    assert parts[0] == ("node-0", [".metadata"], parts[0][2])  # rank 0's shared file first
+    by_host = {host: (sorted(files), worker) for host, files, worker in parts[1:]}
+    for host in HOSTS:
+        shards = sorted(f"__{r}_0.distcp" for r in range(RANKS) if host_of(r) == host)
+        assert by_host[host][0] == shards
+        assert by_host[host][1].startswith(f"{host}@"), by_host  # taken by that host's worker
+    assert parts[0][2].startswith("node-0@")
+    # The central worker saw the folder empty, and read none of it.
+    central = (cluster["base"] / "central.log").read_text()
+    assert "validate_part[" not in central and "validate_checkpoint[" in central
+
+
+def test_a_damaged_shard_on_one_host_is_named_with_its_host(
+    api, token, node_local, cluster, dcp_files
+):
+    location = spread(cluster, dcp_files, step=2)
+    shard = cluster["disks"]["node-2"] / "run-1" / "step-2" / "__5_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    report_parts(api, token, dcp_files, location, step=2)
+    checkpoint = settled(2)
+    assert checkpoint.status == "corrupt"
+    findings = checkpoint.validations.get().findings
+    bad = [f for f in findings if f.get("file") == "__5_0.distcp"]
+    assert bad and "(on host node-2)" in bad[0]["message"], findings
+
+
+def test_a_host_without_a_worker_is_a_problem_until_one_starts(
+    api, token, node_local, cluster, dcp_files, settings
+):
+    from webapp.domain.health import live_workers, problems
+
+    settings.SWEEP_LOST_AFTER_S = 1
+    stop_worker(cluster["workers"]["node-1"])
+    location = spread(cluster, dcp_files, step=3)
+    report_parts(api, token, dcp_files, location, step=3)
+    # node-0 and node-2 check their parts; node-1's waits on its queue.
+    wait_for(lambda: ValidationPart.objects.filter(finished_at__isnull=False).count() == 3, 60, 0.3)
+    time.sleep(1.1)
+    live_workers.refresh()
+    found = [p["label"] for p in problems.summary(node_local.pk)]
+    assert "no worker for host node-1" in found
+    answer = api.get(token, "/workers")
+    assert answer.json()["stranded"] == [{"host": "node-1", "queue": "validate.node-1", "parts": 1}]
+    live = {q["queue"]: q["workers"] for q in answer.json()["queues"]}
+    assert live["validate.node-0"][0].startswith("node-0@") and "validate.node-1" not in live
+    assert len(live_workers.alert_stranded()) == 1
+    assert Checkpoint.objects.get(step=3).status == "verifying"
+
+    mount = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+             f'mount --bind "{cluster["disks"]["node-1"]}" "{cluster["shared"]}" && exec "$@"',
+             "sh"]  # fmt: skip
+    cluster["workers"]["node-1"] = start_worker(
+        cluster["env"], "validate.node-1", cluster["base"] / "node-1-again.log", "node-1",
+        prefix=mount,
+    )  # fmt: skip
+    assert settled(3).status == "verified"
+    live_workers.refresh()
+    assert not [p for p in problems.summary(node_local.pk) if "no worker" in p["label"]]

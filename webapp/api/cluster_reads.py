@@ -1,0 +1,63 @@
+"""Reads about the project as a whole (scope read): its problems, and the live workers
+per queue and host with the hosts whose work nobody takes (webapp/domain/health/)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ninja import Router, Schema
+
+from webapp.api.auth import read_auth
+from webapp.domain.health import live_workers, problems
+
+router = Router(tags=["project"])
+
+
+class ProblemOut(Schema):
+    label: str
+    count: int
+    tone: str
+
+
+class QueueOut(Schema):
+    queue: str
+    workers: list[str]
+
+
+class StrandedOut(Schema):
+    host: str
+    queue: str
+    parts: int
+
+
+class WorkersOut(Schema):
+    # When a sweep last asked the workers (None: none asked lately, nothing is known).
+    asked_at: datetime | None
+    queues: list[QueueOut]
+    # Hosts with node-local parts of this project's checkpoints waiting, no worker alive.
+    stranded: list[StrandedOut]
+
+
+@router.get("/problems", auth=read_auth, response={200: list[ProblemOut]})
+def list_problems(request):
+    """What the runs list shows as problems: overdue and failed runs, damaged or
+    incomplete checkpoints, repeated repairs, hosts with no worker."""
+    return problems.summary(request.auth.project.pk)
+
+
+@router.get("/workers", auth=read_auth, response={200: WorkersOut})
+def list_workers(request):
+    """The workers alive at the last sweep, per queue; and the hosts whose queue holds
+    this project's work with no worker to take it."""
+    from webapp.domain.validation.node_local import queue_for
+
+    known = live_workers.snapshot()
+    stranded = live_workers.stranded_hosts(request.auth.project.pk)
+    return {
+        "asked_at": known["at"] if known else None,
+        "queues": [{"queue": q, "workers": w} for q, w in live_workers.by_queue(known).items()],
+        "stranded": [
+            {"host": host, "queue": queue_for(host), "parts": entry["parts"]}
+            for host, entry in sorted(stranded.items())
+        ],
+    }
