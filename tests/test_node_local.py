@@ -37,7 +37,7 @@ def dcp_files(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, worker_env, dcp_files):
+def cluster(tmp_path_factory, worker_env, dcp_files, s3_server):
     """The checkpoints' folder (empty here), each host's disk, and a worker per host that
     sees its own disk at that folder; a central worker that sees it empty. (No test here
     empties Redis while they run: that would drop the queues' bindings under them.)"""
@@ -47,6 +47,12 @@ def cluster(tmp_path_factory, worker_env, dcp_files):
     ):
         pytest.fail("these tests need mount namespaces (unshare -m, as root; CI has them)")
     base = tmp_path_factory.mktemp("cluster")
+    env = {
+        **worker_env,
+        "S3_ENDPOINT_URL": s3_server.endpoint,
+        "S3_ACCESS_KEY_ID": s3_server.key,
+        "S3_SECRET_ACCESS_KEY": s3_server.secret,
+    }
     shared = base / "ckpt"
     shared.mkdir()
     disks = {host: base / "disks" / host for host in HOSTS}
@@ -55,11 +61,10 @@ def cluster(tmp_path_factory, worker_env, dcp_files):
         disk.mkdir(parents=True)
         mount = ["unshare", "-m", "--propagation", "private", "sh", "-c",
                  f'mount --bind "{disk}" "{shared}" && exec "$@"', "sh"]  # fmt: skip
-        workers[host] = start_worker(
-            worker_env, f"validate.{host}", base / f"{host}.log", name=host, prefix=mount
-        )
-    workers["central"] = start_worker(worker_env, "validate", base / "central.log", name="central")
-    yield {"shared": shared, "disks": disks, "workers": workers, "base": base, "env": worker_env}
+        queues = f"validate.{host},replicate.{host}"
+        workers[host] = start_worker(env, queues, base / f"{host}.log", name=host, prefix=mount)
+    workers["central"] = start_worker(env, "validate,replicate", base / "central.log", "central")
+    yield {"shared": shared, "disks": disks, "workers": workers, "base": base, "env": env}
     for process in workers.values():
         stop_worker(process)
 
@@ -175,7 +180,9 @@ def test_a_host_without_a_worker_is_a_problem_until_one_starts(
     found = [p["label"] for p in problems.summary(node_local.pk)]
     assert "no worker for host node-1" in found
     answer = api.get(token, "/workers")
-    assert answer.json()["stranded"] == [{"host": "node-1", "queue": "validate.node-1", "parts": 1}]
+    assert answer.json()["stranded"] == [
+        {"host": "node-1", "queues": ["validate.node-1"], "waiting": 1}
+    ]
     live = {q["queue"]: q["workers"] for q in answer.json()["queues"]}
     assert live["validate.node-0"][0].startswith("node-0@") and "validate.node-1" not in live
     assert len(live_workers.alert_stranded()) == 1
@@ -185,9 +192,50 @@ def test_a_host_without_a_worker_is_a_problem_until_one_starts(
              f'mount --bind "{cluster["disks"]["node-1"]}" "{cluster["shared"]}" && exec "$@"',
              "sh"]  # fmt: skip
     cluster["workers"]["node-1"] = start_worker(
-        cluster["env"], "validate.node-1", cluster["base"] / "node-1-again.log", "node-1",
-        prefix=mount,
+        cluster["env"], "validate.node-1,replicate.node-1", cluster["base"] / "node-1-again.log",
+        "node-1", prefix=mount,
     )  # fmt: skip
     assert settled(3).status == "verified"
     live_workers.refresh()
     assert not [p for p in problems.summary(node_local.pk) if "no worker" in p["label"]]
+
+
+def test_each_host_sends_its_part_and_the_manifest_is_written_last(
+    api, token, node_local, cluster, dcp_files, s3
+):
+    import json
+
+    import boto3
+
+    from webapp.domain.models import Replica, StorageTarget
+
+    StorageTarget.objects.create(
+        project=node_local, name="main", bucket=s3.bucket, prefix="node-local",
+        endpoint_url=s3.endpoint,
+    )  # fmt: skip
+    location = spread(cluster, dcp_files, step=4)
+    report_parts(api, token, dcp_files, location, step=4)
+    assert settled(4).status == "verified"
+
+    def copied():
+        replica = Replica.objects.filter(checkpoint__step=4).first()
+        return replica if replica and replica.is_final else None
+
+    replica = wait_for(copied, 90, 0.3)
+    assert replica.status == "verified", replica.last_error
+    assert replica.legs == {host: "done" for host in HOSTS}
+    assert replica.bytes_done == sum(f.size for f in replica.checkpoint.files.all())
+    # Each host sent its own share; the central worker, which sees no file, wrote the
+    # manifest once every share was confirmed.
+    for host in HOSTS:  # (node-1's worker may have been started again: node-1-again.log)
+        logs = "".join(p.read_text() for p in cluster["base"].glob(f"{host}*.log"))
+        assert "replicate_leg[" in logs
+    central = (cluster["base"] / "central.log").read_text()
+    assert "replicate_leg[" not in central and "finish_legs[" in central
+    client = boto3.client(
+        "s3", endpoint_url=s3.endpoint, aws_access_key_id=s3.key,
+        aws_secret_access_key=s3.secret, region_name="us-east-1",
+    )  # fmt: skip
+    body = client.get_object(Bucket=s3.bucket, Key=replica.manifest_key)["Body"].read()
+    listed = {f["path"]: f["sha256"] for f in json.loads(body)["files"]}
+    assert listed == {f["path"]: f["sha256"] for f in corpus_writer.manifest(dcp_files)}

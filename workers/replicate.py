@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 
 @shared_task(name="workers.replicate.replicate", ignore_result=True)
 def replicate(replica_id: int) -> str:
+    from webapp.domain.replication import host_legs
     from webapp.domain.replication import replicate as r
-    from webapp.domain.replication.upload import SourceChanged
 
     claimed = r.claim(replica_id)
     if claimed is None:
@@ -28,20 +28,65 @@ def replicate(replica_id: int) -> str:
         # in case its holder died.
         replicate.apply_async((replica_id,), countdown=claimed.retry_in_s)
         return "busy"
+    if _node_local(replica_id):
+        # Sent by each host's worker (replication/host_legs.py).
+        host_legs.fan_out(claimed)
+        return "fanned out"
+    return _outcome(claimed, lambda: r.record_verified(claimed, r.send(claimed)))
+
+
+def _node_local(replica_id: int) -> bool:
+    from webapp.domain.models import Replica
+    from webapp.domain.validation import node_local
+
+    replica = Replica.objects.select_related("checkpoint__project").get(pk=replica_id)
+    return node_local.applies(replica.checkpoint)
+
+
+def _outcome(claimed, attempt) -> str:
+    """What an attempt's (or a leg's) ending means: recorded, retried, or failed."""
+    from webapp.domain.replication import replicate as r
+    from webapp.domain.replication.upload import SourceChanged
+
     try:
-        result = r.send(claimed)
+        return attempt()
     except SourceChanged as exc:
         return r.record_source_changed(claimed, exc)
     except r.SourceUnavailable as exc:
         return r.record_unavailable(claimed, exc)
     except Exception as exc:
-        log.warning("replica %s: attempt %s failed: %s", replica_id, claimed.attempt, exc)
+        log.warning("replica %s: attempt %s failed: %s", claimed.replica_id, claimed.attempt, exc)
         delay = r.record_error(claimed, exc)
         if delay is None:
             return "failed"
-        replicate.apply_async((replica_id,), countdown=delay)
+        replicate.apply_async((claimed.replica_id,), countdown=delay)
         return "retrying"
-    return r.record_verified(claimed, result)
+
+
+@shared_task(name="workers.replicate.replicate_leg", ignore_result=True)
+def replicate_leg(replica_id: int, attempt: int, host: str) -> str:
+    """One host's share of a node-local checkpoint's copy (queue replicate.<host>)."""
+    from webapp.domain.replication import host_legs
+    from webapp.domain.replication.replicate import Claim
+
+    claimed = Claim(replica_id, attempt)
+
+    def send_then_note() -> str:
+        if (sent := host_legs.send_leg(claimed, host)) == "sent":
+            host_legs.leg_done(claimed, host)
+        return sent
+
+    return _outcome(claimed, send_then_note)
+
+
+@shared_task(name="workers.replicate.finish_legs", ignore_result=True)
+def finish_legs(replica_id: int, attempt: int) -> str:
+    """Every host sent its share: confirm every object, write the manifest."""
+    from webapp.domain.replication import host_legs
+    from webapp.domain.replication.replicate import Claim
+
+    claimed = Claim(replica_id, attempt)
+    return _outcome(claimed, lambda: host_legs.finish(claimed))
 
 
 @shared_task(name="workers.replicate.abort_abandoned_uploads", ignore_result=True)

@@ -26,8 +26,8 @@ class QueueOut(Schema):
 
 class StrandedOut(Schema):
     host: str
-    queue: str
-    parts: int
+    queues: list[str]
+    waiting: int  # validation parts and replica legs
 
 
 class WorkersOut(Schema):
@@ -49,15 +49,13 @@ def list_problems(request):
 def list_workers(request):
     """The workers alive at the last sweep, per queue; and the hosts whose queue holds
     this project's work with no worker to take it."""
-    from webapp.domain.validation.node_local import queue_for
-
     known = live_workers.snapshot()
     stranded = live_workers.stranded_hosts(request.auth.project.pk)
     return {
         "asked_at": known["at"] if known else None,
         "queues": [{"queue": q, "workers": w} for q, w in live_workers.by_queue(known).items()],
         "stranded": [
-            {"host": host, "queue": queue_for(host), "parts": entry["parts"]}
+            {"host": host, "queues": sorted(entry["queues"]), "waiting": entry["waiting"]}
             for host, entry in sorted(stranded.items())
         ],
     }

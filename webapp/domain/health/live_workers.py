@@ -5,10 +5,11 @@ over the broker) reaches every worker alive and each says which queues it consum
 sweeper asks every SWEEP_INTERVAL_S (workers/sweeper.py) and keeps the answer in Redis,
 so that pages read it without waiting for a broadcast.
 
-A node-local checkpoint's part waits on `validate.<host>` (validation/node_local.py):
-with no live worker on that queue it would wait forever in silence. A part queued
-longer than SWEEP_LOST_AFTER_S on such a queue is a problem, "no worker for host
-node-17", on the project's runs list, in the API, and as one alert per host and outage.
+A node-local checkpoint's work waits on its hosts' queues: `validate.<host>`
+(validation/node_local.py) and `replicate.<host>` (replication/host_legs.py). With no
+live worker on that queue it would wait forever in silence. Work queued longer than
+SWEEP_LOST_AFTER_S on such a queue is a problem, "no worker for host node-17", on the
+project's runs list, in the API, and as one alert per project, host and hour.
 """
 
 from __future__ import annotations
@@ -69,29 +70,39 @@ def by_queue(known: dict | None = None) -> dict[str, list[str]]:
 
 
 def stranded_hosts(project_id: int | None = None, now: datetime | None = None) -> dict:
-    """{host: {"parts": n, "projects": {project ids}}} of the node-local parts that wait
-    on a host's queue with no live worker, queued longer than SWEEP_LOST_AFTER_S."""
-    from webapp.domain.models import ValidationPart
-    from webapp.domain.validation.node_local import queue_for
+    """{host: {"waiting": n, "queues": {names}, "projects": {ids}}}: node-local work (a
+    validation part, a replica's leg) queued on a host's queue longer than
+    SWEEP_LOST_AFTER_S, with no live worker on that queue."""
+    from webapp.domain.models import Replica, ValidationPart
 
     known = snapshot()
     if known is None:
         return {}
     live = by_queue(known)
     now = now or timezone.now()
-    waiting = ValidationPart.objects.filter(
+    before = now - timedelta(seconds=settings.SWEEP_LOST_AFTER_S)
+    parts = ValidationPart.objects.filter(
         finished_at__isnull=True,
         validation__finished_at__isnull=True,
-        validation__created_at__lt=now - timedelta(seconds=settings.SWEEP_LOST_AFTER_S),
+        validation__created_at__lt=before,
     ).exclude(host="")
+    replicas = Replica.objects.filter(status="uploading", started_at__lt=before).exclude(legs={})
     if project_id is not None:
-        waiting = waiting.filter(validation__checkpoint__project_id=project_id)
+        parts = parts.filter(validation__checkpoint__project_id=project_id)
+        replicas = replicas.filter(checkpoint__project_id=project_id)
+    waiting = [
+        (f"validate.{host}", host, project)
+        for host, project in parts.values_list("host", "validation__checkpoint__project_id")
+    ]
+    for legs, project in replicas.values_list("legs", "checkpoint__project_id"):
+        waiting += [(f"replicate.{h}", h, project) for h, state in legs.items() if state != "done"]
     found: dict[str, dict] = {}
-    for host, project in waiting.values_list("host", "validation__checkpoint__project_id"):
-        if live.get(queue_for(host)):
+    for queue, host, project in waiting:
+        if not host or live.get(queue):
             continue
-        entry = found.setdefault(host, {"parts": 0, "projects": set()})
-        entry["parts"] += 1
+        entry = found.setdefault(host, {"waiting": 0, "queues": set(), "projects": set()})
+        entry["waiting"] += 1
+        entry["queues"].add(queue)
         entry["projects"].add(project)
     return found
 
@@ -103,15 +114,16 @@ def alert_stranded(now: datetime | None = None) -> list:
     now = now or timezone.now()
     flips = []
     for host, entry in stranded_hosts(now=now).items():
+        queues = ",".join(sorted(entry["queues"]))
         for project_id in sorted(entry["projects"]):
             flip = alerts.record(
                 "host.no_worker",
                 f"host.no_worker:{project_id}:{host}:{now:%Y-%m-%dT%H}",
-                f"No worker for host {host}: {entry['parts']} part(s) of node-local "
-                f"checkpoints wait on queue validate.{host}. Start a worker on {host} "
-                f"with -Q validate.{host} (docs/deployment.md).",
+                f"No worker for host {host}: {entry['waiting']} piece(s) of work on "
+                f"node-local checkpoints wait on {queues}. Start a worker on {host} with "
+                f"-Q {queues} (docs/deployment.md).",
                 project_id=project_id,
-                data={"host": host, "parts": entry["parts"]},
+                data={"host": host, "waiting": entry["waiting"], "queues": sorted(entry["queues"])},
             )
             if flip is not None:
                 flips.append(flip)

@@ -85,11 +85,11 @@ def _stranded(project_id: int) -> list[dict]:
     return [
         {
             "filter": None,
-            "count": entry["parts"],
+            "count": entry["waiting"],
             "tone": "bad",
             "label": f"no worker for host {host}",
-            "title": f"Parts of node-local checkpoints wait on queue validate.{host}, and no "
-            f"live worker listens there: start one on {host} (docs/deployment.md).",
+            "title": f"Work on node-local checkpoints waits on {', '.join(sorted(entry['queues']))}"
+            f", and no live worker listens there: start one on {host} (docs/deployment.md).",
         }
         for host, entry in sorted(live_workers.stranded_hosts(project_id).items())
     ]

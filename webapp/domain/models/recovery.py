@@ -157,6 +157,9 @@ class Replica(models.Model):
     # {object key: multipart upload id} of the attempt in progress, so that the next
     # attempt (after a crash) aborts them instead of leaving parts behind.
     uploads = models.JSONField(default=dict, blank=True)
+    # A node-local checkpoint's copy is sent by each host's worker, its share of the files
+    # (webapp/domain/replication/host_legs.py): {host: "queued" | "done"} for this attempt.
+    legs = models.JSONField(default=dict, blank=True)
     worker = models.CharField(max_length=255, blank=True)
     # Held by the worker uploading it, renewed with every progress write; a second copy
     # of the task waits until it has lapsed.

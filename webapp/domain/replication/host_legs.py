@@ -1,0 +1,197 @@
+"""A node-local checkpoint copied where its bytes are: each host's worker sends its share.
+
+A node-local checkpoint's files are on its hosts' own disks (validation/node_local.py),
+so no one worker can read them all. A claimed replica of one is split into legs, one per
+host, each a task on that host's queue `replicate.<host>` that sends the files of the
+ranks that ran there (the same fanout.send_files as any replica: content-addressed
+objects, a file already on the target is not sent again). The legs run at once, on their
+hosts. When the last is done, a task on the plain `replicate` queue confirms every
+object with a HEAD and writes the manifest, last, as for any replica: a manifest on the
+target still means a complete copy.
+
+Each leg renews the replica's lease as it sends. A leg whose host has no worker lets the
+lease lapse; the sweeper then sends the replica again (a new attempt, new legs), and the
+hosts whose worker is alive skip what they sent; `no worker for host X` is shown meanwhile
+(health/live_workers.py). A leg's failure is the replica's: recorded by replicate.py's
+record_* functions, retried as a whole.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from webapp.domain import publish
+from webapp.domain.locks import for_update
+from webapp.domain.replication import fanout, targets
+from webapp.domain.replication.replicate import (
+    Claim,
+    _lock,
+    _present,
+    _worth_a_look,
+    _write_manifest,
+    record_verified,
+)
+from webapp.domain.replication.sources import sources
+from webapp.domain.replication.upload import Throttle
+
+
+def queue_for(host: str) -> str:
+    return f"replicate.{host}" if host else "replicate"
+
+
+def host_of_files(checkpoint) -> dict[str, str]:
+    host_of_rank = dict(checkpoint.parts.values_list("rank", "host"))
+    return {
+        path: host_of_rank.get(rank, "")
+        for path, rank in checkpoint.files.values_list("path", "rank")
+    }
+
+
+def fan_out(claimed: Claim) -> list[str]:
+    """Split the claimed replica into one leg per host, sent after commit; the hosts."""
+    with transaction.atomic():
+        replica = _lock(claimed)
+        if replica is None:
+            return []
+        hosts = sorted(set(host_of_files(replica.checkpoint).values()))
+        replica.legs = {host: "queued" for host in hosts}
+        replica.save(update_fields=["legs"])
+        transaction.on_commit(lambda: _publish(claimed, hosts))
+    return hosts
+
+
+def _publish(claimed: Claim, hosts: list[str]) -> None:
+    for host in hosts:
+        publish.send(
+            "workers.replicate.replicate_leg",
+            (claimed.replica_id, claimed.attempt, host),
+            queue=queue_for(host),
+        )
+
+
+class _LegProgress:
+    """Adds this leg's bytes to the replica's (other hosts add theirs), and renews the
+    lease, about once a second."""
+
+    def __init__(self, replica_id: int):
+        self.replica_id = replica_id
+        self.tally = fanout.Tally()
+        self.written_done = self.written_sent = 0
+        self.last = time.monotonic()
+
+    def wake(self) -> None:
+        if time.monotonic() - self.last >= 1.0:
+            self.flush()
+
+    def flush(self) -> None:
+        from webapp.domain.models import Replica
+
+        with self.tally.lock:
+            done, sent = self.tally.done, self.tally.sent
+        Replica.objects.filter(pk=self.replica_id).update(
+            bytes_done=F("bytes_done") + (done - self.written_done),
+            bytes_sent=F("bytes_sent") + (sent - self.written_sent),
+            lease_until=timezone.now() + timedelta(seconds=settings.REPLICATION_LEASE_S),
+        )
+        self.written_done, self.written_sent = done, sent
+        self.last = time.monotonic()
+
+
+def send_leg(claimed: Claim, host: str) -> str:
+    """Send this host's files; raises what replicate.send raises. Returns "sent", or
+    "superseded" when a later attempt owns the replica."""
+    from webapp.domain.models import Replica
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    replica = Replica.objects.select_related(
+        "checkpoint__project", "checkpoint__run", "target"
+    ).get(pk=claimed.replica_id)
+    if replica.status != ReplicaStatus.UPLOADING or replica.attempts != claimed.attempt:
+        return "superseded"
+    if replica.legs.get(host) == "done":
+        return "sent"
+    target, checkpoint = replica.target, replica.checkpoint
+    mine = host_of_files(checkpoint)
+    entries = [e for e in replica.files if mine.get(e["path"]) == host]
+    client = targets.client_for(target)
+    worth_a_look = _worth_a_look(replica, claimed)
+    progress = _LegProgress(replica.pk)
+    try:
+        with sources(checkpoint) as open_source:
+            fanout.send_files(
+                client,
+                target.bucket,
+                entries,
+                open_source=open_source,
+                present=lambda e: (
+                    worth_a_look(e)
+                    and _present(client, target.bucket, e["key"], e["sha256"], e["size"])
+                ),
+                tally=progress.tally,
+                on_wake=progress.wake,
+                files_at_once=settings.REPLICATION_FILES_AT_ONCE,
+                upload_kwargs={
+                    "part_size": settings.REPLICATION_PART_SIZE,
+                    "concurrency": settings.REPLICATION_CONCURRENCY,
+                    "storage_class": target.storage_class,
+                    "throttle": Throttle(settings.REPLICATION_MAX_BYTES_PER_S),
+                    "part_checksum": settings.REPLICATION_PART_CHECKSUM,
+                },
+            )
+    finally:
+        progress.flush()
+    return "sent"
+
+
+def leg_done(claimed: Claim, host: str) -> None:
+    """Note this host's leg done; the last one sends the manifest task (after commit)."""
+    with transaction.atomic():
+        replica = _lock(claimed)
+        if replica is None:
+            return
+        replica.legs = {**replica.legs, host: "done"}
+        replica.save(update_fields=["legs"])
+        if all(state == "done" for state in replica.legs.values()):
+            transaction.on_commit(
+                lambda: publish.send(
+                    "workers.replicate.finish_legs", (claimed.replica_id, claimed.attempt)
+                )
+            )
+
+
+def finish(claimed: Claim) -> str:
+    """Every leg done: confirm every object, write the manifest, record it verified."""
+    from webapp.domain.models import Replica
+    from webapp.domain.models.recovery import ReplicaStatus
+
+    replica = Replica.objects.select_related(
+        "checkpoint__project", "checkpoint__run", "target"
+    ).get(pk=claimed.replica_id)
+    if replica.status != ReplicaStatus.UPLOADING or replica.attempts != claimed.attempt:
+        return "superseded"
+    if not replica.legs or any(state != "done" for state in replica.legs.values()):
+        return "waiting"
+    client, bucket = targets.client_for(replica.target), replica.target.bucket
+    for entry in replica.files:
+        if not _present(client, bucket, entry["key"], entry["sha256"], entry["size"]):
+            raise ConnectionError(f"{entry['path']} is not on the target after its host sent it")
+    manifest_key = _write_manifest(client, replica.target, replica.checkpoint, replica)
+    with transaction.atomic():
+        locked = for_update(Replica.objects).get(pk=replica.pk)
+        done, sent = locked.bytes_done, locked.bytes_sent
+    return record_verified(
+        claimed,
+        {
+            "manifest_key": manifest_key,
+            "bytes_done": done,
+            "bytes_sent": sent,
+            "files_sent": len(replica.files),
+            "files": len(replica.files),
+        },
+    )
