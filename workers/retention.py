@@ -44,3 +44,12 @@ def finish_interrupted(project_id: int, before: str) -> None:
     project = Project.objects.filter(pk=project_id).first()
     if project is not None:
         retention.finish_interrupted(project, "system:sweeper", parse_datetime(before))
+
+
+@shared_task(name="workers.retention.remove_share", ignore_result=True)
+def remove_share(checkpoint_id: int, host: str, actor: str, why: str, previous) -> str:
+    """One host's share of a node-local checkpoint's local copy, removed on that host
+    (queue validate.<host>; webapp/domain/retention/host_deletion.py)."""
+    from webapp.domain.retention import host_deletion
+
+    return host_deletion.remove_share(checkpoint_id, host, actor, why, previous)

@@ -226,6 +226,8 @@ class CheckpointPart(models.Model):
     # The time the job gave its report (the event's), and when it arrived.
     saved_at = models.DateTimeField()
     received_at = models.DateTimeField(default=timezone.now)
+    # When retention removed this part's files from its host (node-local checkpoints).
+    removed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -30,9 +30,10 @@ import stat
 from django.db import transaction
 from django.utils import timezone
 
-from webapp.domain import confined_files
+from webapp.domain import confined_files, publish
 from webapp.domain.confined_files import Refused
 from webapp.domain.locks import for_update
+from webapp.domain.validation import node_local
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +42,12 @@ class RemovalFailed(Exception):
     """The local copy could not be removed (whole); the message says why."""
 
 
-def remove_local_copy(checkpoint) -> None:
-    """Removes the checkpoint's files (see the module docstring). RemovalFailed if any
-    listed file is still there afterwards or its path was refused."""
-    paths = list(checkpoint.files.values_list("path", flat=True))
+def remove_local_copy(checkpoint, paths: list[str] | None = None) -> None:
+    """Removes the checkpoint's files (see the module docstring), or only `paths` of
+    them (one host's share of a node-local checkpoint). RemovalFailed if any listed file
+    is still there afterwards or its path was refused."""
+    if paths is None:
+        paths = list(checkpoint.files.values_list("path", flat=True))
     if checkpoint.location.startswith("s3://"):
         _remove_s3(checkpoint, paths)
         return
@@ -145,6 +148,17 @@ def carry_out(checkpoint_id: int, actor: str, why: str, previous_message: str | 
     checkpoint = Checkpoint.objects.select_related("project").filter(pk=checkpoint_id).first()
     if checkpoint is None:
         return False
+    if node_local.applies(checkpoint):
+        # Its files are on its hosts' disks: each host's worker removes its share
+        # (host_deletion.py), and the last one records the deletion.
+        hosts = checkpoint.parts.filter(removed_at__isnull=True).values_list("host", flat=True)
+        for host in sorted(set(hosts)):
+            publish.send(
+                "workers.retention.remove_share",
+                (checkpoint.pk, host, actor, why, previous_message),
+                queue=node_local.queue_for(host),
+            )
+        return False
     error = None
     try:
         remove_local_copy(checkpoint)
@@ -153,10 +167,10 @@ def carry_out(checkpoint_id: int, actor: str, why: str, previous_message: str | 
     except Exception as exc:  # noqa: BLE001 (recorded; later checkpoints still go)
         log.exception("retention: removing %s failed", checkpoint.location)
         error = f"{type(exc).__name__}: {exc}"
-    return _record(checkpoint_id, actor, why, previous_message, error)
+    return record(checkpoint_id, actor, why, previous_message, error)
 
 
-def _record(checkpoint_id, actor: str, why: str, previous_message, error) -> bool:
+def record(checkpoint_id, actor: str, why: str, previous_message, error) -> bool:
     from webapp.domain.models import Checkpoint, Event
     from webapp.domain.models.checkpoints import CheckpointStatus
 
