@@ -165,7 +165,7 @@ def test_a_damaged_shard_on_one_host_is_named_with_its_host(
 
 
 def test_a_host_without_a_worker_is_a_problem_until_one_starts(
-    api, token, node_local, cluster, dcp_files, settings
+    api, token, node_local, cluster, dcp_files, settings, client, viewer
 ):
     from webapp.domain.health import live_workers, problems
 
@@ -186,7 +186,14 @@ def test_a_host_without_a_worker_is_a_problem_until_one_starts(
     live = {q["queue"]: q["workers"] for q in answer.json()["queues"]}
     assert live["validate.node-0"][0].startswith("node-0@") and "validate.node-1" not in live
     assert len(live_workers.alert_stranded()) == 1
+    # The runs page says it, and lists the workers alive per queue.
+    client.force_login(viewer)
+    page = client.get("/p/alpha/", {"problems": 1}, HTTP_HX_REQUEST="true").content.decode()
+    assert "no worker for host node-1" in page
+    assert "<code>validate.node-0</code></td><td>node-0@" in page
     assert Checkpoint.objects.get(step=3).status == "verifying"
+    page = client.get(f"/p/alpha/checkpoints/{Checkpoint.objects.get(step=3).pk}/").content
+    assert b"4 of 4 ranks reported" in page and b"node-1" in page
 
     mount = ["unshare", "-m", "--propagation", "private", "sh", "-c",
              f'mount --bind "{cluster["disks"]["node-1"]}" "{cluster["shared"]}" && exec "$@"',

@@ -26,7 +26,7 @@ from webapp.dashboard.access import actor_of, project_view, visible_projects
 from webapp.dashboard.run_sorting import RUN_SORTS, pager_labels, run_ordering, sort_and_direction
 from webapp.domain import actions
 from webapp.domain.actions import ActionRefused
-from webapp.domain.health import families, problems, run_health
+from webapp.domain.health import families, live_workers, problems, run_health
 from webapp.domain.models import Checkpoint, Run, Validation
 from webapp.domain.models.projects import Role
 from webapp.domain.models.recovery import (
@@ -89,6 +89,7 @@ def runs(request):
     if "problems" in request.GET and request.htmx:
         # The problems summary in a request of its own (problems.summary says why).
         context = {"project": project, "problems": problems.summary(project.pk)}
+        context["workers"] = live_workers.by_queue()
         return render(request, "dashboard/runs.html#problems", context)
     q = request.GET.get("q", "").strip()
     tag = request.GET.get("tag", "").strip()
@@ -417,6 +418,8 @@ def checkpoint_detail(request, checkpoint_id: int):
         return _live_fragment(request, checkpoint)
     context = _checkpoint_context(request, checkpoint)
     context["files"] = checkpoint.files.order_by("path")
+    context["parts"] = checkpoint.parts.order_by("rank") if checkpoint.world_size else []
+    context["missing_ranks"] = checkpoint.missing_parts()[:50]
     tensors = (checkpoint.content or {}).get("keys") or {}
     context["tensors"] = sorted(tensors.items())[:200]
     context["tensor_count"] = len(tensors)
