@@ -117,6 +117,14 @@ def test_a_command_without_make_run_says_what_is_missing(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_deployment_node_local_project(stack):
+    """docs/deployment.md's node-local recipe: the project is created node-local."""
+    (command,) = documented("docs/deployment.md", ".venv/bin/python manage.py create_project")
+    result = run_documented(command, stack.var)
+    assert result.returncode == 0, result.stderr
+    assert "checkpoints on node-local storage" in result.stdout
+
+
 def test_deployment_migrate(stack):
     commands = documented("docs/deployment.md", ".venv/bin/python manage.py migrate")
     for command in set(commands):
