@@ -105,3 +105,13 @@ def process_rank() -> int:
         if raw.isdigit():
             return int(raw)
     return 0
+
+
+def process_world_size() -> int:
+    """How many ranks the distributed job has (1 when not distributed), from the same
+    launchers as process_rank(): torchrun, Slurm, Open MPI, MPICH/Intel MPI."""
+    for variable in ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        raw = os.environ.get(variable, "").strip()
+        if raw.isdigit() and int(raw) > 0:
+            return int(raw)
+    return 1

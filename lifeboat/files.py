@@ -70,10 +70,28 @@ def sha256_of(path: str | os.PathLike) -> str:
     return hash_file(path)[0]
 
 
-def list_files(location: str | os.PathLike) -> list[Path]:
+def _named_file(root: Path, name: str) -> Path:
+    """The regular file `name` under the folder `root`, reached without a symlink."""
+    path = root
+    for part in name.split("/"):
+        path = path / part
+        if path.is_symlink():
+            raise FileNotFoundError(f"{path} is a symlink (not followed, nor by the server)")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist or is not a regular file")
+    return path
+
+
+def list_files(location: str | os.PathLike, only: list[str] | None = None) -> list[Path]:
     """The regular files of a checkpoint: the file itself, or every file under the
-    directory (symlinks not followed: the server would refuse to follow them too)."""
+    directory (symlinks not followed: the server would refuse to follow them too).
+    `only` (paths relative to the directory): those files and no others, each of which
+    must be there (one rank's part of a checkpoint, lifeboat/parts.py)."""
     root = Path(location)
+    if only is not None:
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root} does not exist or is not a folder")
+        return [_named_file(root, name) for name in only]
     if root.is_file():
         return [root]
     if not root.is_dir():
@@ -94,6 +112,7 @@ def describe(
     location: str | os.PathLike,
     on_read: Callable[[int], None] | None = None,
     written: dict[str, dict] | None = None,
+    only: list[str] | None = None,
 ) -> list[dict]:
     """[{path, size, sha256}] for a checkpoint file or directory; paths relative to the
     directory (for a single file, its own name), with '/' as separator. Raises
@@ -102,10 +121,11 @@ def describe(
     `written` maps paths to the {size, sha256} of the bytes the job wrote, hashed as
     they were written (HashingWriter): those files are not read again, and what is
     reported is what the job wrote, so a file changed on disk since is caught by the
-    server's validation instead of being hashed as it now is."""
+    server's validation instead of being hashed as it now is. `only`: those files of
+    the directory, no others (list_files)."""
     root = Path(location)
-    files = list_files(root)
-    base = root.parent if root.is_file() else root
+    files = list_files(root, only)
+    base = root if only is not None else (root.parent if root.is_file() else root)
     described = []
     for path in files:
         relative = path.relative_to(base).as_posix()
@@ -154,11 +174,12 @@ class HashingWriter:
         return {"size": self.size, "sha256": self._sha.hexdigest()}
 
 
-def listing(location: str | os.PathLike) -> dict[str, int]:
+def listing(location: str | os.PathLike, only: list[str] | None = None) -> dict[str, int]:
     """{path: size} of a checkpoint's files now, paths as describe() gives them."""
     root = Path(location)
-    base = root.parent if root.is_file() else root
-    return {path.relative_to(base).as_posix(): path.stat().st_size for path in list_files(root)}
+    base = root if only is not None else (root.parent if root.is_file() else root)
+    files = list_files(root, only)
+    return {path.relative_to(base).as_posix(): path.stat().st_size for path in files}
 
 
 class FilesGone(FileNotFoundError):

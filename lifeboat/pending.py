@@ -50,7 +50,7 @@ log = logging.getLogger("lifeboat")
 
 RESCAN_S = 30.0  # how often a running process looks for records a dead one left
 REQUIRED = {"id": str, "run": str, "time": str, "location": str, "step": int}
-SAVED_FIELDS = ("step", "epoch", "metrics", "save_seconds", "format")
+SAVED_FIELDS = ("step", "epoch", "metrics", "save_seconds", "format", "part")
 
 
 class DamagedRecord(ValueError):
@@ -102,7 +102,23 @@ def parse(raw: bytes, name: str) -> dict:
         and all(isinstance(size, int) and not isinstance(size, bool) for size in listed.values())
     ):
         raise DamagedRecord("its list of files is malformed")
+    only = request.get("only")
+    if only is not None and not (
+        isinstance(only, list) and only and all(isinstance(name, str) and name for name in only)
+    ):
+        raise DamagedRecord("its list of this rank's files is malformed")
+    part = request.get("part")
+    if part is not None and not (
+        isinstance(part, dict)
+        and all(_whole(part.get(key)) for key in ("rank", "world_size"))
+        and isinstance(part.get("host", ""), str)
+    ):
+        raise DamagedRecord("its part (rank, world size, host) is malformed")
     return request
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def label(request: dict) -> str:
@@ -368,6 +384,8 @@ class PendingReports:
         except ChangedWhileHashing as exc:
             error = f"the reported checkpoint changed while it was being hashed: {exc}"
         else:
+            # `part` (one rank's share, lifeboat/parts.py) is absent from whole reports
+            # and from records written by older clients, which complete as before.
             fields = {name: request.get(name) for name in SAVED_FIELDS}
             return build_event(
                 "checkpoint.saved", **ids, location=request["location"], files=files, **fields
@@ -377,12 +395,14 @@ class PendingReports:
     def _describe(self, request: dict, on_read: Callable[[int], None] | None) -> list[dict]:
         """describe() the files, held to the list of files and sizes the first holder saw
         when it began hashing (kept in the record for whoever takes it over): a shard
-        deleted after a killed job hashed it must not drop out of the report unseen."""
-        now = listing(request["location"])
+        deleted after a killed job hashed it must not drop out of the report unseen.
+        A record with `only` (one rank's part) lists and hashes those files alone."""
+        only = request.get("only")
+        now = listing(request["location"], only)
         if "listed" not in request:
             request["listed"] = now
             self._write(request)
         compare_listing(request["listed"], now)
-        files = describe(request["location"], on_read, written=request.get("written"))
+        files = describe(request["location"], on_read, written=request.get("written"), only=only)
         compare_listing(request["listed"], {f["path"]: f["size"] for f in files})
         return files

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from lifeboat.config import Config, default_run_key, hostname, process_rank
+from lifeboat.parts import Part, own_files, parts_from_env
 from lifeboat.pending import RESCAN_S, PendingReports, build_event, label
 from lifeboat.sender import Sender
 from lifeboat.spool import Spool
@@ -110,11 +111,19 @@ class Run:
         handle_signals: bool = True,
         enabled: bool | None = None,
         lifecycle: bool = True,
+        parts: bool | None = None,
     ):
+        # parts: every rank reports its own part of each checkpoint (lifeboat/parts.py);
+        # off unless asked for here or by LIFEBOAT_PARTS=1.
+        self.parts = parts_from_env() if parts is None else bool(parts)
+        rank = process_rank()
         if enabled is None:
             enabled = os.environ.get("LIFEBOAT_DISABLED", "") not in ("1", "true", "yes")
-            # In a distributed job only rank 0 speaks for the run.
-            enabled = enabled and process_rank() == 0
+            # In a distributed job only rank 0 speaks for the run; with parts, the other
+            # ranks report their checkpoint parts and nothing else.
+            enabled = enabled and (rank == 0 or self.parts)
+        if self.parts and rank != 0:
+            lifecycle = False
         self.enabled = enabled
         self.key = key or os.environ.get("LIFEBOAT_RUN") or default_run_key()
         self.name = name
@@ -129,8 +138,9 @@ class Run:
         # How often an idle hash thread completes reports that dead processes left.
         self.pending_rescan_s = pending_rescan_s
         self.handle_signals = handle_signals
-        # False for a sidecar (`lifeboat watch`): it reports checkpoints, while the job
-        # itself owns run.started / finished / failed and the heartbeats.
+        # False for a sidecar (`lifeboat watch`) and for ranks other than 0 with parts:
+        # they report checkpoints, while the job's rank 0 owns run.started / finished /
+        # failed, the heartbeats, the metrics and the signal handlers.
         self.lifecycle = lifecycle
         self.last_step: int | None = None
         self.last_metrics: dict = {}
@@ -148,7 +158,9 @@ class Run:
             self.spool = None
             self.sender = None
             self.pending = None
+            self.part = None
             return
+        self.part = Part.of_this_process(world_size) if self.parts else None
         self.config = Config.resolve(url=url, token=token, project=project, spool_dir=spool_dir)
         self.spool = Spool(self.config.spool_dir, self.config.spool_max_bytes)
         self.sender = Sender(self.config, self.spool)
@@ -294,7 +306,7 @@ class Run:
         values = _numbers(values)
         self.last_step = int(step)
         self.last_metrics.update(values)
-        if not self.enabled or not values:
+        if not self.enabled or not self.lifecycle or not values:
             return
         with self._points_lock:
             self._points.append({"step": int(step), "values": values})
@@ -312,6 +324,8 @@ class Run:
         if step is not None:
             self.last_step = int(step)
         self.last_metrics.update(_numbers(metrics))
+        if not self.lifecycle:
+            return
         self.emit("run.heartbeat", step=self.last_step, metrics=_numbers(self.last_metrics))
 
     def _beat_loop(self) -> None:
@@ -341,14 +355,23 @@ class Run:
         format: str | None = None,  # noqa: A002 (the contract's name)
         event_id: str | None = None,
         written: dict[str, dict] | None = None,
+        files: list[str] | None = None,
     ) -> CheckpointReport:
         """Report a checkpoint the job has finished writing at `path` (a file or a
         directory). Returns at once: the files are hashed on a background thread and sent
         as `checkpoint.saved`. A crash before that is survived: the report is on disk
         (lifeboat/pending.py) and any lifeboat process on this host with the same spool
         completes it. `written` ({relative path: {size, sha256}}, lifeboat.torch.save
-        gives it) holds digests made while the files were written: those are not read."""
+        gives it) holds digests made while the files were written: those are not read.
+
+        With parts on, the report is this rank's part: the files it wrote (`files`, paths
+        inside the folder `path`; without it, found as lifeboat.parts.own_files says),
+        listed and hashed here, and no others. Without parts, `files` is not used: rank
+        0 reports everything at `path`."""
         location = os.path.abspath(os.fspath(path))
+        only = None
+        if self.part is not None:
+            location, only = own_files(location, self.part.rank, files=files, format=format)
         report = CheckpointReport(event_id or str(uuid.uuid4()), location, int(step))
         if not self.enabled:
             report.event = {}
@@ -369,6 +392,9 @@ class Run:
         }
         if written:
             request["written"] = written
+        if self.part is not None:
+            request["part"] = self.part.as_dict()
+            request["only"] = only
         request = self.pending.add(request)
         if request is None:
             report.error = RuntimeError(
