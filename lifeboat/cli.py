@@ -40,6 +40,9 @@ def _watch(args) -> int:
         spool_dir=args.spool_dir,
         lifecycle=False,
         enabled=True,
+        # A sidecar does not know which rank wrote which file: it reports each
+        # checkpoint whole, whatever LIFEBOAT_PARTS says.
+        parts=False,
     )
     run.start()
     watcher = Watcher(args.dir, run, settle_s=args.settle, step_regex=args.step_regex)

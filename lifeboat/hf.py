@@ -6,8 +6,11 @@
 The Trainer calls `on_save` once `checkpoint-N/` is complete (model, optimizer,
 scheduler, RNG state and trainer_state.json written); the callback reports that folder
 with the step, epoch and the last logged metrics, and sends every `on_log` as metrics.
-Only the main process reports. Without a `run`, it opens one from the environment for
-the training and closes it at the end.
+Only the main process reports, and it reports each folder whole: the Trainer does not
+say which rank wrote which file, so the callback does not report per-rank parts (a
+`run` with parts on is refused; its own run has them off, whatever LIFEBOAT_PARTS says).
+Without a `run`, it opens one from the environment for the training and closes it at the
+end.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ from lifeboat.run import Run, _numbers
 
 class LifeboatHFCallback(TrainerCallback):
     def __init__(self, run: Run | None = None, **run_kwargs):
+        if getattr(run, "parts", False) or run_kwargs.get("parts"):
+            raise ValueError(
+                "LifeboatHFCallback reports whole checkpoints from the main process: give "
+                "it a Run without parts (docs/client.md, 'Many ranks')"
+            )
+        run_kwargs["parts"] = False
         self.run = run
         self._owns_run = run is None
         self._run_kwargs = run_kwargs

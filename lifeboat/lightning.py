@@ -6,9 +6,12 @@
 Lightning calls `on_save_checkpoint` before the file is written, so the callback only
 notes the step there; at the next hook (the end of the batch, epoch, validation or fit)
 it reports every file a ModelCheckpoint wrote since, with the step and the logged
-metrics of that moment. Only global rank 0 reports. Without a `run`, the callback opens
-one from the environment (LIFEBOAT_URL, LIFEBOAT_TOKEN, LIFEBOAT_RUN) for the fit and
-closes it as finished or failed.
+metrics of that moment. Only global rank 0 reports, and it reports each checkpoint
+whole: Lightning does not say which rank wrote which file of a sharded checkpoint, so the
+callback does not report per-rank parts (a `run` with parts on is refused; its own run
+has them off, whatever LIFEBOAT_PARTS says). Without a `run`, the callback opens one
+from the environment (LIFEBOAT_URL, LIFEBOAT_TOKEN, LIFEBOAT_RUN) for the fit and closes
+it as finished or failed.
 """
 
 from __future__ import annotations
@@ -25,6 +28,12 @@ from lifeboat.run import Run, _numbers
 
 class LifeboatCallback(pl.Callback):
     def __init__(self, run: Run | None = None, *, log_metrics: bool = True, **run_kwargs):
+        if getattr(run, "parts", False) or run_kwargs.get("parts"):
+            raise ValueError(
+                "LifeboatCallback reports whole checkpoints from global rank 0: give it a "
+                "Run without parts (docs/client.md, 'Many ranks')"
+            )
+        run_kwargs["parts"] = False
         self.run = run
         self._owns_run = run is None
         self._run_kwargs = run_kwargs

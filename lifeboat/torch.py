@@ -103,7 +103,10 @@ def save(
     """Save atomically (see atomic_save), time the save, and report it to `run` (the
     current lifeboat.Run by default) when a step is given. Returns the report, whose
     `wait()` gives the `checkpoint.saved` event once the files are hashed; None when
-    there is no run to report to."""
+    there is no run to report to. With parts on (lifeboat.Run(parts=True)) every rank
+    calls it for its own file(s), and the report is this rank's part of the checkpoint
+    that is the folder holding `path`: `ckpt/step-100/rank-3.pt` on rank 3 is its part
+    of `ckpt/step-100/`."""
     run = run or current_run()
     if run is not None and step is not None:
         run.checkpoint_started(step)
@@ -118,9 +121,19 @@ def save(
     seconds = time.perf_counter() - started
     if run is None or step is None:
         return None
+    files = None
+    if getattr(run, "part", None) is not None:
+        # Every rank saves: what this call wrote is this rank's part of the checkpoint
+        # that is the folder holding it (the same folder for every rank).
+        if final.is_dir():
+            digests = {f"{final.name}/{name}": digest for name, digest in digests.items()}
+            files = [f"{final.name}/{name}" for name in obj]
+        else:
+            files = [final.name]
+        final = final.parent
     # The digests made while writing: the report reads nothing back, and a file changed
     # on disk after this point no longer matches what is reported (docs/client.md).
     return run.checkpoint(
         final, step=step, epoch=epoch, metrics=metrics, save_seconds=seconds, format="torch",
-        written=digests,
+        written=digests, files=files,
     )  # fmt: skip
