@@ -1,7 +1,9 @@
 """FSDP (fully_shard) with torch.distributed.checkpoint, watched by Lifeboat
-(docs/integrations/fsdp.md). Every rank writes its shard; rank 0 reports the folder.
+(docs/integrations/fsdp.md). Every rank writes its shard; rank 0 reports the folder, or
+with --report-parts every rank reports its own shard (lifeboat.Run(parts=True)).
 
     torchrun --standalone --nproc-per-node 2 examples/fsdp_dcp.py --run-name fsdp-demo
+    torchrun --standalone --nproc-per-node 4 examples/fsdp_dcp.py --report-parts
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main() -> int:
     parser.add_argument("--checkpoint-dir", default="var/checkpoints")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--save-every", type=int, default=10)
+    parser.add_argument("--report-parts", action="store_true", help="every rank reports its shard")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")  # "nccl" on GPUs
@@ -65,12 +68,14 @@ def main() -> int:
             print(f"resumed from {path} (step {start})", flush=True)
 
     folder = Path(args.checkpoint_dir).resolve() / args.run_name
-    # On ranks other than 0 the run is disabled: every call is a no-op.
+    # On ranks other than 0 the run is disabled (every call is a no-op), unless
+    # --report-parts: then each rank reports its own shards, and rank 0 alone the run.
     with lifeboat.Run(
         args.run_name,
         framework=f"torch {torch.__version__} fsdp",
         world_size=world,
         resumed_from=resumed_from,
+        parts=args.report_parts,
     ) as run:
         for step in range(start + 1, args.steps + 1):
             loss = torch.nn.functional.mse_loss(model(x), y)
@@ -84,6 +89,8 @@ def main() -> int:
                 run.checkpoint_started(step)
                 dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=target)
                 # dcp.save returns on every rank once .metadata is written: complete.
+                # With parts, each rank's report holds its __<rank>_*.distcp (and
+                # .metadata on rank 0), which this rank hashes alone.
                 run.checkpoint(target, step=step, metrics={"loss": loss.item()}, format="dcp")
                 if rank == 0:
                     print(f"step {step}: saved {target}", flush=True)
