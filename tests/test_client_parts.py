@@ -1,0 +1,235 @@
+"""Every rank reports its own part of a checkpoint (lifeboat.Run(parts=True) or
+LIFEBOAT_PARTS=1; docs/client.md, "Many ranks: every rank reports its part"), against a
+live Lifeboat (gunicorn + a Celery validate worker): FSDP under torchrun with four ranks
+gives one checkpoint of four parts, verified; a rank other than 0 hashes only its own
+files and says nothing of the run's life; a part survives its rank being killed."""
+
+# ruff: noqa: F811 (the fixtures imported from tests/test_integrations.py are parameters here)
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lifeboat
+import lifeboat.torch
+from lifeboat.parts import own_files, part_host
+from tests.client_support import kill_while_hashing, run_script
+from tests.conftest import ROOT
+from tests.test_integrations import (  # noqa: F401 (fixtures)
+    job_env,
+    lifeboat_stack,
+    run_example,
+    verified_steps,
+)
+from webapp.domain.models import Checkpoint, CheckpointPart, Event
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MIB = 1024 * 1024
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def files_by_rank(checkpoint) -> dict[int, list[str]]:
+    found: dict[int, list[str]] = {}
+    for path, rank in checkpoint.files.order_by("path").values_list("path", "rank"):
+        found.setdefault(rank, []).append(path)
+    return found
+
+
+def types_of(run_key: str) -> list[str]:
+    return sorted(Event.objects.filter(run__key=run_key).values_list("type", flat=True))
+
+
+def dcp_folder(folder: Path, world_size: int) -> Path:
+    """A folder laid out as torch.distributed.checkpoint's FileSystemWriter lays it out:
+    rank r's shards `__r_<n>.distcp`, the coordinator's `.metadata`."""
+    folder.mkdir(parents=True)
+    (folder / ".metadata").write_bytes(b"metadata" * 100)
+    for rank in range(world_size):
+        (folder / f"__{rank}_0.distcp").write_bytes(os.urandom(MIB + rank))
+    (folder / "__2_1.distcp").write_bytes(os.urandom(1000))  # a second shard of rank 2
+    return folder
+
+
+@pytest.mark.worker
+def test_fsdp_under_torchrun_with_four_ranks_reports_four_parts_verified_as_one(job_env, tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "4", "examples/fsdp_dcp.py", "--run-name", "fsdp-parts",
+               "--report-parts", "--steps", "20"]  # fmt: skip
+    run_example(command, job_env, tmp_path, timeout=180)
+    steps = verified_steps("fsdp-parts", 2)
+    assert sorted(steps) == [10, 20]
+    for checkpoint in steps.values():
+        assert checkpoint.world_size == 4
+        parts = CheckpointPart.objects.filter(checkpoint=checkpoint).order_by("rank")
+        assert [(p.rank, p.host) for p in parts] == [(r, part_host()) for r in range(4)]
+        # Each rank's part holds its own shard; the shared .metadata is rank 0's.
+        assert files_by_rank(checkpoint) == {
+            0: [".metadata", "__0_0.distcp"],
+            1: ["__1_0.distcp"],
+            2: ["__2_0.distcp"],
+            3: ["__3_0.distcp"],
+        }
+
+    # Rank 0 alone speaks for the run: one run.started, one run.finished, and the
+    # metrics of one rank (each rank trains on its own slice, so its losses differ).
+    types = types_of("fsdp-parts")
+    assert types.count("run.started") == types.count("run.finished") == 1
+    assert types.count("checkpoint.saved") == 2 * 4
+    losses: dict[int, set[float]] = {}
+    for event in Event.objects.filter(run__key="fsdp-parts", type="metrics"):
+        for point in event.data["points"]:
+            losses.setdefault(point["step"], set()).add(point["values"]["loss"])
+    assert sorted(losses) == list(range(1, 21))
+    assert all(len(values) == 1 for values in losses.values()), losses
+
+
+def test_a_rank_other_than_0_hashes_only_its_own_files_and_reports_only_them(job_env, tmp_path):
+    folder = dcp_folder(tmp_path / "ckpt" / "parts-unit" / "step-000100", world_size=4)
+    env = {**job_env, "RANK": "2", "WORLD_SIZE": "4", "LIFEBOAT_PARTS": "1"}
+    # Every file this process opens in the folder, as Python's audit hook sees it.
+    job = run_script(
+        f"""
+        import json, os, sys
+        opened = []
+        def seen(event, args):
+            path = args[0] if event == "open" else None
+            path = os.fspath(path) if isinstance(path, os.PathLike) else path
+            if isinstance(path, str) and "step-000100" in path:
+                opened.append(path)
+        sys.addaudithook(seen)
+        import lifeboat
+        with lifeboat.Run("parts-unit", handle_signals=False, heartbeat_s=0.1,
+                          metrics_flush_s=0.1) as run:
+            run.log(100, loss=0.25)
+            run.heartbeat(step=100)
+            event = run.checkpoint({str(folder)!r}, step=100, format="dcp").wait(30)
+        print(json.dumps({{"event": event, "opened": sorted(set(opened))}}))
+        """,
+        env,
+    )
+    assert job.returncode == 0, job.stderr_text
+    answer = json.loads(job.stdout_text)
+    event = answer["event"]
+    mine = ["__2_0.distcp", "__2_1.distcp"]
+    assert answer["opened"] == [str(folder / name) for name in mine]
+    assert event["part"] == {"rank": 2, "world_size": 4, "host": part_host()}
+    assert event["location"] == str(folder)
+    assert event["files"] == [
+        {"path": name, "size": (folder / name).stat().st_size, "sha256": sha256(folder / name)}
+        for name in mine
+    ]
+    assert event["metrics"] == {"loss": 0.25}
+
+    # No run.started, heartbeat, metrics or run.finished from rank 2: its part only.
+    assert types_of("parts-unit") == ["checkpoint.saved"]
+    checkpoint = Checkpoint.objects.get(run__key="parts-unit", step=100)
+    assert checkpoint.status == "saving"
+    assert checkpoint.status_message == (
+        "1 of 4 ranks reported their part; waiting for ranks 0, 1, 3"
+    )
+    assert files_by_rank(checkpoint) == {2: mine}
+
+
+def test_which_files_are_a_ranks_own(tmp_path):
+    folder = dcp_folder(tmp_path / "dcp", world_size=3)
+    assert own_files(folder, 0) == (str(folder), [".metadata", "__0_0.distcp"])
+    assert own_files(folder, 2) == (str(folder), ["__2_0.distcp", "__2_1.distcp"])
+    assert own_files(folder / "__1_0.distcp", 1) == (str(folder), ["__1_0.distcp"])
+    # Not there: taken for a file, so that hashing reports the save failed ("gone").
+    assert own_files(folder / "never.pt", 1) == (str(folder), ["never.pt"])
+    assert own_files(folder, 1, files=["b/x.bin", "a.bin", "a.bin"]) == (
+        str(folder), ["a.bin", "b/x.bin"]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="holds no __5_"):
+        own_files(folder, 5)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "model.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match="pass files="):
+        own_files(plain, 0)
+    for outside in (["../elsewhere.bin"], ["/etc/passwd"], [], "model.bin"):
+        with pytest.raises(ValueError, match="files="):
+            own_files(plain, 0, files=outside)
+
+
+@pytest.mark.worker
+def test_lifeboat_torch_save_on_every_rank_reports_what_each_wrote(job_env, tmp_path, monkeypatch):
+    import torch
+
+    for name in ("LIFEBOAT_URL", "LIFEBOAT_TOKEN", "LIFEBOAT_SPOOL_DIR"):
+        monkeypatch.setenv(name, job_env[name])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    runs = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        runs.append(lifeboat.Run("torch-parts", handle_signals=False, parts=True).start())
+    folder = tmp_path / "ckpt" / "torch-parts" / "step-5"
+    reports = [
+        lifeboat.torch.save({"w": torch.ones(8)}, folder / "rank-0.pt", step=5, run=runs[0]),
+        lifeboat.torch.save(
+            {"model.pt": {"w": torch.zeros(4)}, "optim.pt": {"lr": torch.tensor(0.1)}},
+            f"{folder}/rank-1/", step=5, run=runs[1],
+        ),
+    ]  # fmt: skip
+    events = [report.wait(30) for report in reports]
+    for run in reversed(runs):
+        run.finish()
+    assert [e["part"]["rank"] for e in events] == [0, 1]
+    assert {e["location"] for e in events} == {str(folder)}
+    checkpoint = verified_steps("torch-parts", 1)[5]
+    assert files_by_rank(checkpoint) == {
+        0: ["rank-0.pt"],
+        1: ["rank-1/model.pt", "rank-1/optim.pt"],
+    }
+    assert types_of("torch-parts").count("run.started") == 1
+
+
+def test_a_part_left_by_a_killed_rank_is_completed_by_lifeboat_flush(job_env, tmp_path):
+    folder = tmp_path / "ckpt" / "parts-crash" / "step-300"
+    (folder / "rank-0").mkdir(parents=True)
+    (folder / "rank-0" / "shard.bin").write_bytes(b"rank 0" * 1000)
+    (folder / "rank-1").mkdir()
+    big = folder / "rank-1" / "shard.bin"
+    chunk = os.urandom(MIB)
+    with big.open("wb") as handle:
+        for _ in range(192):
+            handle.write(chunk)
+    env = {**job_env, "RANK": "1", "WORLD_SIZE": "2", "LIFEBOAT_RUN": "parts-crash"}
+    job = run_script(
+        f"""
+        import time, lifeboat
+        run = lifeboat.Run(handle_signals=False, parts=True).start()
+        run.checkpoint({str(folder)!r}, step=300, files=["rank-1/shard.bin"])
+        time.sleep(120)
+        """,
+        env,
+        wait=False,
+    )
+    kill_while_hashing(job, big)
+    assert not Event.objects.filter(run__key="parts-crash").exists()
+
+    flushed = subprocess.run(
+        [sys.executable, "-m", "lifeboat", "flush", "--timeout", "30"],
+        cwd=ROOT, env={k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE")},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert flushed.returncode == 0, flushed.stdout + flushed.stderr
+    saved = Event.objects.get(run__key="parts-crash", type="checkpoint.saved")
+    assert saved.data["part"] == {"rank": 1, "world_size": 2, "host": part_host()}
+    assert saved.data["files"] == [
+        {"path": "rank-1/shard.bin", "size": 192 * MIB, "sha256": sha256(big)}
+    ]
+    checkpoint = Checkpoint.objects.get(run__key="parts-crash", step=300)
+    assert checkpoint.status_message.endswith("waiting for rank 0")
+    assert files_by_rank(checkpoint) == {1: ["rank-1/shard.bin"]}
