@@ -33,9 +33,15 @@ def parts_from_env() -> bool:
 
 
 def part_host(name: str | None = None) -> str:
-    """The host name as the contract takes it (letters, digits, '.', '-', '_'; at most
-    255): other characters become '-', and what cannot start a name is dropped."""
-    name = _NOT_HOST.sub("-", hostname() if name is None else name)[:255]
+    """The host a part's files are on: LIFEBOAT_HOST, else the machine's name. It names
+    the queue of that node's worker for node-local projects (validate.<host>,
+    docs/deployment.md), so LIFEBOAT_HOST is for nodes that know themselves by another
+    name than the one their workers listen for. As the contract takes it (letters,
+    digits, '.', '-', '_'; at most 255): other characters become '-', and what cannot
+    start a name is dropped."""
+    if name is None:
+        name = os.environ.get("LIFEBOAT_HOST", "").strip() or hostname()
+    name = _NOT_HOST.sub("-", name)[:255]
     name = name.lstrip("._-")
     return name if _HOST.match(name) else ""
 

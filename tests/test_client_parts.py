@@ -30,7 +30,8 @@ from tests.test_integrations import (  # noqa: F401 (fixtures)
 )
 from webapp.domain.models import Checkpoint, CheckpointPart, Event
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The tests that talk to the live server (the pure ones below need no database).
+live = pytest.mark.django_db(transaction=True)
 
 MIB = 1024 * 1024
 
@@ -61,6 +62,7 @@ def dcp_folder(folder: Path, world_size: int) -> Path:
     return folder
 
 
+@live
 @pytest.mark.worker
 def test_fsdp_under_torchrun_with_four_ranks_reports_four_parts_verified_as_one(job_env, tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -94,6 +96,7 @@ def test_fsdp_under_torchrun_with_four_ranks_reports_four_parts_verified_as_one(
     assert all(len(values) == 1 for values in losses.values()), losses
 
 
+@live
 def test_a_rank_other_than_0_hashes_only_its_own_files_and_reports_only_them(job_env, tmp_path):
     folder = dcp_folder(tmp_path / "ckpt" / "parts-unit" / "step-000100", world_size=4)
     env = {**job_env, "RANK": "2", "WORLD_SIZE": "4", "LIFEBOAT_PARTS": "1"}
@@ -163,6 +166,14 @@ def test_which_files_are_a_ranks_own(tmp_path):
             own_files(plain, 0, files=outside)
 
 
+def test_a_part_names_the_host_as_the_workers_queues_do(monkeypatch):
+    assert part_host("node 7/gpu") == "node-7-gpu"  # what the contract takes
+    assert part_host("-._x") == "x"
+    monkeypatch.setenv("LIFEBOAT_HOST", "node-17")
+    assert part_host() == "node-17"
+
+
+@live
 @pytest.mark.worker
 def test_lifeboat_torch_save_on_every_rank_reports_what_each_wrote(job_env, tmp_path, monkeypatch):
     import torch
@@ -195,6 +206,7 @@ def test_lifeboat_torch_save_on_every_rank_reports_what_each_wrote(job_env, tmp_
     assert types_of("torch-parts").count("run.started") == 1
 
 
+@live
 def test_a_part_left_by_a_killed_rank_is_completed_by_lifeboat_flush(job_env, tmp_path):
     folder = tmp_path / "ckpt" / "parts-crash" / "step-300"
     (folder / "rank-0").mkdir(parents=True)
