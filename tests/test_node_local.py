@@ -1,23 +1,27 @@
-"""A node-local checkpoint, checked where its bytes are (webapp/domain/validation/node_local.py).
+"""A node-local checkpoint, checked, copied and deleted where its bytes are
+(webapp/domain/validation/node_local.py, replication/host_legs.py, retention/host_deletion.py).
 
 Three hosts are real Celery worker processes, each in a mount namespace of its own where
 the checkpoints' folder is that host's own disk (a bind mount): a worker sees its host's
 files and no other's, as on a cluster with node-local NVMe. A central worker on the plain
 `validate` queue sees the folder empty. A real 4-rank DCP checkpoint (gloo) is spread over
-the hosts as its ranks would have written it, and every rank reports its part. Real
-PostgreSQL (or SQLite), Redis and workers; nothing stands in for the thing under test."""
+the hosts as its ranks would have written it, and every rank reports its part; and a real
+8-rank torchrun job runs each rank in its host's namespace, reporting its own part. Real
+PostgreSQL (or SQLite), Redis, S3 and workers; nothing stands in for the thing under test."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from bench import corpus as corpus_writer
-from tests.conftest import start_worker, stop_worker, wait_for
+from tests.conftest import ROOT, start_worker, stop_worker, wait_for
 from webapp.domain.models import Checkpoint, ValidationPart
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -258,3 +262,70 @@ def test_each_host_sends_and_later_deletes_its_own_share(
         assert not (disk / "run-1" / "step-4").exists(), host
         assert (disk / "run-1" / "step-5").exists(), host
     assert Checkpoint.objects.get(step=5).status == "verified"
+
+
+# A rank of a torchrun job on "its host": in a mount namespace of its own where the
+# checkpoint folder is that host's disk, with LIFEBOAT_HOST naming the host.
+RANK_ON_ITS_HOST = """
+export LIFEBOAT_HOST="node-$((RANK % 3))"
+export LIFEBOAT_SPOOL_DIR="$SPOOLS/$LIFEBOAT_HOST"
+exec unshare -m --propagation private sh -c \
+  'mount --bind "$DISKS/$LIFEBOAT_HOST" "$SHARED" && exec "$@"' sh "$@"
+"""
+
+
+def test_an_8_rank_torchrun_job_on_3_hosts_is_checked_where_each_part_is(
+    node_local, cluster, token, tmp_path
+):
+    """The whole path: FSDP with DCP under torchrun, 8 ranks (gloo), each rank in its
+    host's namespace writing to that host's disk and reporting its own part
+    (--report-parts); every part checked on its host."""
+    from tests.client_support import RestartableServer
+
+    web = RestartableServer(cluster["env"])
+    web.start()
+    wrapper = tmp_path / "rank_on_its_host.sh"
+    wrapper.write_text(RANK_ON_ITS_HOST)
+    env = {
+        **os.environ,
+        "LIFEBOAT_URL": web.url,
+        "LIFEBOAT_TOKEN": token,
+        "SPOOLS": str(tmp_path / "spools"),
+        "DISKS": str(cluster["disks"]["node-0"].parent),
+        "SHARED": str(cluster["shared"]),
+        "PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin",
+        "OMP_NUM_THREADS": "1",
+    }
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "8", "--no-python", "sh", str(wrapper),
+               sys.executable, "examples/fsdp_dcp.py", "--run-name", "torchrun-8",
+               "--report-parts", "--steps", "10",
+               "--checkpoint-dir", str(cluster["shared"])]  # fmt: skip
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        checkpoint = wait_for(
+            lambda: Checkpoint.objects.filter(run__key="torchrun-8", status="verified").first(),
+            90,
+            0.3,
+        )
+    finally:
+        web.stop()
+    hosts = dict(checkpoint.parts.values_list("rank", "host"))
+    assert hosts == {rank: f"node-{rank % 3}" for rank in range(8)}
+    # Each host's disk holds only its ranks' shards, and each was checked there.
+    for host, disk in cluster["disks"].items():
+        written = sorted(p.name for p in (disk / "torchrun-8" / "step-000010").iterdir())
+        ranks = [r for r in range(8) if f"node-{r % 3}" == host]
+        assert written == sorted(
+            [f"__{r}_0.distcp" for r in ranks] + ([".metadata"] if 0 in ranks else [])
+        )
+    workers = dict(
+        ValidationPart.objects.filter(validation__checkpoint=checkpoint)
+        .exclude(result__phase=1)
+        .values_list("host", "worker")
+    )
+    assert sorted(workers) == list(HOSTS)
+    assert all(worker.startswith(f"{host}@") for host, worker in workers.items())
