@@ -140,3 +140,29 @@ def own_files(
         f"which files of {location} did rank {rank} write? With parts on, pass "
         "files=[...] (paths inside that folder) to run.checkpoint()"
     )
+
+
+# Rank 0's files that every rank reads: DCP's `.metadata`, an HF index or config. The
+# server lends their checked bytes to other hosts' checks (webapp/domain/validation/
+# node_local.py), and a rank restoring its own part fetches them beside its shards.
+SHARED_SUFFIXES = (".metadata", ".json")
+
+
+def is_shared(path: str, rank: int | None) -> bool:
+    return rank == 0 and path.endswith(SHARED_SUFFIXES)
+
+
+def rank_share(checkpoint: dict, rank: int | None, world_size: int | None) -> dict | None:
+    """The server's answer for a checkpoint, cut to what rank `rank` needs when the job
+    runs on the same world size as the ranks that wrote it: that rank's files and the
+    shared ones. None when it needs everything (no rank given, a checkpoint reported
+    whole, or another world size: resharding reads every shard)."""
+    written_by = checkpoint.get("world_size")
+    if rank is None or not written_by or world_size != written_by:
+        return None
+    files = [
+        spec
+        for spec in checkpoint.get("files") or []
+        if spec.get("rank") == rank or is_shared(spec["path"], spec.get("rank"))
+    ]
+    return {**checkpoint, "files": files}

@@ -16,9 +16,10 @@ import sys
 import uuid
 from pathlib import Path
 
-from lifeboat.config import Config
+from lifeboat.config import Config, process_rank, process_world_size
 from lifeboat.download import RestoreError, download_files
 from lifeboat.files import hash_file
+from lifeboat.parts import parts_from_env, rank_share
 from lifeboat.progress import Progress
 from lifeboat.transport import ServerError, Unreachable, api_url, quote_key, request
 
@@ -73,9 +74,14 @@ def _restored_path(checkpoint: dict, destination: Path) -> Path:
     return destination / files[0]["path"] if single else destination
 
 
-def fetch_replica(checkpoint: dict, destination: Path, show_progress: bool = True) -> Path:
+def fetch_replica(
+    checkpoint: dict, destination: Path, show_progress: bool = True, partial: bool = False
+) -> Path:
     """Download the checkpoint from its first verified replica that works into
-    `destination` (a directory), verifying every file; the path to hand to the loader."""
+    `destination` (a directory), verifying every file; the path to hand to the loader.
+    `partial` (one rank's share): its files go straight into `destination`, each renamed
+    into place once verified, beside what the host's other ranks fetch; the folder is
+    never replaced whole."""
     replicas = [r for r in checkpoint.get("replicas") or [] if r.get("files")]
     if not replicas:
         raise LatestError(
@@ -100,6 +106,12 @@ def fetch_replica(checkpoint: dict, destination: Path, show_progress: bool = Tru
             seen[0] = done
 
         try:
+            if partial:
+                download_files(
+                    [{**spec, "url": urls[spec["path"]]} for spec in files], destination, progress
+                )
+                bar.close()
+                return destination
             download_files(
                 [{**spec, "url": urls[spec["path"]]} for spec in files], staging, progress
             )
@@ -122,15 +134,30 @@ def latest(
     token: str | None = None,
     dest: str | os.PathLike | None = None,
     progress: bool = True,
+    rank: int | None = None,
+    world_size: int | None = None,
 ) -> Path:
     """The local path of the newest verified checkpoint of `run` (LIFEBOAT_RUN by
     default): the job's own copy if it is intact, else a verified download from a replica
-    into `dest` (LIFEBOAT_RESTORE_DIR, or a folder beside the spool)."""
+    into `dest` (LIFEBOAT_RESTORE_DIR, or a folder beside the spool).
+
+    A checkpoint whose ranks each reported their part, asked for by one rank of a job
+    with the same world size (`rank=`, `world_size=`; with LIFEBOAT_PARTS=1 they come
+    from the environment, as for Run(parts=True)): only that rank's files and the shared
+    ones are looked at and fetched, each rank on its own host at the same time. On
+    another world size, every file."""
     config = Config.resolve(url=url, token=token)
     run = run or os.environ.get("LIFEBOAT_RUN")
     if not run:
         raise LatestError("which run? pass run= or set LIFEBOAT_RUN")
-    return usable_copy(latest_info(run, config), run, restore_root(config, dest), progress)
+    if rank is None and parts_from_env():
+        rank, world_size = process_rank(), process_world_size()
+    checkpoint = latest_info(run, config)
+    share = rank_share(checkpoint, rank, world_size)
+    root = restore_root(config, dest)
+    if share is not None:
+        return usable_copy(share, run, root, progress, partial=True)
+    return usable_copy(checkpoint, run, root, progress)
 
 
 def restore_root(config: Config, dest: str | os.PathLike | None = None) -> Path:
@@ -141,17 +168,25 @@ def restore_root(config: Config, dest: str | os.PathLike | None = None) -> Path:
     )
 
 
-def usable_copy(checkpoint: dict, run: str, root: Path, progress: bool = True) -> Path:
+def usable_copy(
+    checkpoint: dict, run: str, root: Path, progress: bool = True, partial: bool = False
+) -> Path:
     """The job's own copy of `checkpoint` (the server's answer) if every file is there
-    and matches its sha256, else restored_copy() under `root`."""
+    and matches its sha256, else restored_copy() under `root`. `partial`: the answer's
+    files are one rank's share (parts.rank_share), which other ranks complete beside it."""
     ok, why = _local_copy_ok(checkpoint)
     if ok:
         return Path(checkpoint["location"])
-    return restored_copy(checkpoint, run, root, progress, why=why)
+    return restored_copy(checkpoint, run, root, progress, why=why, partial=partial)
 
 
 def restored_copy(
-    checkpoint: dict, run: str, root: str | os.PathLike, progress: bool = True, why: str = ""
+    checkpoint: dict,
+    run: str,
+    root: str | os.PathLike,
+    progress: bool = True,
+    why: str = "",
+    partial: bool = False,
 ) -> Path:
     """A verified copy of `checkpoint` in root/<run>/checkpoint-<id>/: the one there if
     it is still whole, else downloaded from a verified replica (LatestError if none can
@@ -167,4 +202,4 @@ def restored_copy(
         because = f"{why}; " if why else ""
         step = checkpoint.get("step")
         sys.stderr.write(f"lifeboat: {because}restoring step {step} from a replica\n")
-    return fetch_replica(checkpoint, destination, show_progress=progress)
+    return fetch_replica(checkpoint, destination, show_progress=progress, partial=partial)

@@ -3,12 +3,14 @@ whole, else a verified download from a replica in a real S3 server (SeaweedFS)."
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 
 import pytest
 
 import lifeboat
 from tests.client_support import RestartableServer, run_script
+from tests.conftest import saved
 from webapp.domain.models import Checkpoint, Replica, StorageTarget
 from webapp.domain.replication import policy
 from workers.replicate import replicate
@@ -166,3 +168,72 @@ def test_a_big_file_comes_in_parallel_ranges_hashed_in_order(s3, tmp_path):
     with pytest.raises(RestoreError, match="does not match its sha256"):
         download_files([{**spec, "sha256": "0" * 64, "url": url}], tmp_path / "bad")
     assert not any((tmp_path / "bad").iterdir())
+
+
+@pytest.fixture
+def replicated_parts(s3_server_env, s3, token, project, tmp_path, api):
+    """A checkpoint of 2 ranks, each reporting its part (rank 0 with the shared index),
+    verified and replicated; then its local copy is gone."""
+    directory = tmp_path / "ckpts" / "job" / "step-7"
+    directory.mkdir(parents=True)
+    files = {"index.json": b'{"shards": 2}', "rank0.bin": b"0" * 500_000, "rank1.bin": b"1" * 700}
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+    project.allowed_roots = [str(tmp_path / "ckpts")]
+    project.save()
+    owners = {"index.json": 0, "rank0.bin": 0, "rank1.bin": 1}
+    for rank in (0, 1):
+        mine = [
+            {"path": n, "size": len(d), "sha256": hashlib.sha256(d).hexdigest()}
+            for n, d in files.items()
+            if owners[n] == rank
+        ]
+        body = saved(run="job", step=7, location=str(directory), files=mine, format="")
+        body["part"] = {"rank": rank, "world_size": 2, "host": f"node-{rank}"}
+        assert api.post_events(token, body).status_code == 202
+    checkpoint = Checkpoint.objects.get(run__key="job", step=7)
+    validate_checkpoint(checkpoint.pk)
+    checkpoint.refresh_from_db()
+    assert checkpoint.status == "verified", checkpoint.status_message
+    target = StorageTarget.objects.create(
+        project=project, name="backup", bucket=s3.bucket,
+        prefix=f"parts-{uuid.uuid4().hex[:6]}", endpoint_url=s3.endpoint,
+    )  # fmt: skip
+    (replica_id,) = policy.request(checkpoint, [target], by_policy=False)
+    replicate(replica_id)
+    assert Replica.objects.get(pk=replica_id).status == "verified"
+    return s3_server_env, directory, files
+
+
+def test_a_rank_fetches_its_share_on_the_same_world_size_and_all_on_another(
+    replicated_parts, token, tmp_path
+):
+    server, directory, files = replicated_parts
+    # On its host, rank 1 finds its own file and the shared index there: nothing is
+    # fetched, though rank 0's shard is not on this host.
+    (directory / "rank0.bin").unlink()
+    here = lifeboat.latest(
+        "job", url=server.url, token=token, dest=tmp_path / "r", rank=1, world_size=2
+    )
+    assert here == directory and not (tmp_path / "r").exists()
+    # On a new host: rank 1 fetches its file and the shared index, not rank 0's shard.
+    (directory / "rank1.bin").unlink()
+    (directory / "index.json").unlink()
+    path = lifeboat.latest(
+        "job", url=server.url, token=token, dest=tmp_path / "r", rank=1, world_size=2
+    )
+    assert sorted(p.name for p in path.iterdir()) == ["index.json", "rank1.bin"]
+    assert (path / "rank1.bin").read_bytes() == files["rank1.bin"]
+    # Rank 0 on the same host adds its share beside it; the folder is whole.
+    assert (
+        lifeboat.latest(
+            "job", url=server.url, token=token, dest=tmp_path / "r", rank=0, world_size=2
+        )
+        == path
+    )
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == files
+    # Resumed on another world size: every rank needs every shard.
+    other = lifeboat.latest(
+        "job", url=server.url, token=token, dest=tmp_path / "r4", rank=3, world_size=4
+    )
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == files

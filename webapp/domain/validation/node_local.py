@@ -24,9 +24,11 @@ import base64
 import os
 from pathlib import Path
 
-# Rank 0's files that other hosts' inspections read: DCP metadata, HF indexes and
-# configs. Small by nature; over the cap they stay placeholders (said in a finding).
-SHARED_SUFFIXES = (".metadata", ".json")
+from lifeboat.parts import is_shared
+
+# Rank 0's files that other hosts' inspections read (DCP metadata, HF indexes and
+# configs: the client's rule, which also fetches them beside each rank's own share).
+# Small by nature; over the cap they stay placeholders.
 SHARED_MAX_BYTES = 16 << 20
 
 PHASE_SHARED = 1
@@ -56,7 +58,7 @@ def plan(checkpoint) -> list[dict]:
     shared: list[tuple[str, int]] = []
     room = SHARED_MAX_BYTES
     for path, size, rank in rows:
-        if rank == 0 and path.endswith(SHARED_SUFFIXES) and size <= room:
+        if is_shared(path, rank) and size <= room:
             shared.append((path, size))
             room -= size
             continue
