@@ -172,3 +172,16 @@ def test_parts_of_one_checkpoint_in_one_batch_out_of_order(api, token):
     checkpoint = Checkpoint.objects.get()
     assert checkpoint.status == "reported"
     assert checkpoint.parts.count() == 3
+
+
+def test_a_world_of_a_million_ranks_is_named_without_walking_it(api, token):
+    """The largest world size a job may send, on 200 checkpoints in one batch: each is
+    described from the parts it has (walking 2^20 ranks per event was seconds a batch)."""
+    bodies = [part(0, world_size=2**20, step=s) for s in range(200)]
+    post(api, token, *bodies)
+    checkpoint = Checkpoint.objects.get(step=7)
+    assert checkpoint.status_message == (
+        "1 of 1048576 ranks reported their part; waiting for ranks 1, 2, 3, 4, 5, 6, 7, 8, "
+        "9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20 and 1,048,555 more"
+    )
+    assert checkpoint.missing_parts(3) == [1, 2, 3]

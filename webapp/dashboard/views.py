@@ -419,7 +419,7 @@ def checkpoint_detail(request, checkpoint_id: int):
     context = _checkpoint_context(request, checkpoint)
     context["files"] = checkpoint.files.order_by("path")
     context["parts"] = checkpoint.parts.order_by("rank") if checkpoint.world_size else []
-    context["missing_ranks"] = checkpoint.missing_parts()[:50]
+    context["missing_ranks"] = checkpoint.missing_parts(50)
     tensors = (checkpoint.content or {}).get("keys") or {}
     context["tensors"] = sorted(tensors.items())[:200]
     context["tensor_count"] = len(tensors)

@@ -18,8 +18,8 @@ from django.db.models import Min
 from django.utils import timezone
 
 from webapp.domain.health import alerts
-from webapp.domain.ingest.parts import incomplete_message
 from webapp.domain.locks import for_update
+from webapp.domain.ranks import incomplete_message
 
 
 def close_overdue(now: datetime | None = None, limit: int = 1000) -> list[int]:
@@ -50,9 +50,9 @@ def _close(checkpoint_id: int) -> bool:
         missing = checkpoint.missing_parts()
         if not missing:
             return False
-        reported = set(range(checkpoint.world_size)) - set(missing)
+        reported = checkpoint.parts.values_list("rank", flat=True)
         checkpoint.status = "incomplete"
-        checkpoint.status_message = incomplete_message(checkpoint.world_size, reported)
+        checkpoint.status_message = incomplete_message(checkpoint.world_size, list(reported))
         checkpoint.updated_at = timezone.now()
         checkpoint.save(update_fields=["status", "status_message", "updated_at"])
         alerts.record(

@@ -27,6 +27,7 @@ from datetime import datetime
 
 from webapp.domain.models import CheckpointFile, CheckpointPart
 from webapp.domain.models.checkpoints import Checkpoint, CheckpointStatus
+from webapp.domain.ranks import incomplete_message, waiting_message
 
 
 @dataclass
@@ -41,34 +42,6 @@ class PartInfo:
 
 def files_digest(files: list[tuple]) -> str:
     return hashlib.sha256(json.dumps(sorted(files)).encode()).hexdigest()
-
-
-def missing_ranks(world_size: int, ranks) -> list[int]:
-    reported = set(ranks)
-    return [rank for rank in range(world_size) if rank not in reported]
-
-
-def describe_ranks(ranks: list[int], limit: int = 20) -> str:
-    """'rank 3', 'ranks 17, 40', 'ranks 0, 1, ... and 44 more'."""
-    shown = ", ".join(str(r) for r in ranks[:limit])
-    more = f" and {len(ranks) - limit:,} more" if len(ranks) > limit else ""
-    return f"{'rank' if len(ranks) == 1 else 'ranks'} {shown}{more}"
-
-
-def waiting_message(world_size: int, ranks) -> str:
-    missing = missing_ranks(world_size, ranks)
-    return (
-        f"{world_size - len(missing)} of {world_size} ranks reported their part; "
-        f"waiting for {describe_ranks(missing)}"
-    )
-
-
-def incomplete_message(world_size: int, ranks) -> str:
-    missing = missing_ranks(world_size, ranks)
-    return (
-        f"incomplete: {describe_ranks(missing)} never reported "
-        f"({world_size - len(missing)} of {world_size} parts); never checked"
-    )
 
 
 class PartsFolding:
@@ -143,7 +116,7 @@ class PartsFolding:
         self._set(checkpoint, "file_count", sum(p.file_count for p in parts.values()))
         self._set(checkpoint, "verified_at", None)
         self._set(checkpoint, "deleted_at", None)
-        if missing_ranks(part.world_size, parts):
+        if len(parts) < part.world_size:  # every rank recorded is below it
             waiting = checkpoint.status == CheckpointStatus.INCOMPLETE
             status = CheckpointStatus.INCOMPLETE if waiting else CheckpointStatus.SAVING
             describe = incomplete_message if waiting else waiting_message

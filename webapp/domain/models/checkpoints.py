@@ -6,6 +6,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from webapp.domain.ranks import missing_ranks
+
 
 class CheckpointStatus(models.TextChoices):
     # Lifeboat heard checkpoint.started but not yet checkpoint.saved.
@@ -148,12 +150,12 @@ class Checkpoint(models.Model):
     def __str__(self) -> str:
         return f"{self.run.key}@{self.step}"
 
-    def missing_parts(self) -> list[int]:
-        """The ranks whose part was never reported ([] for a checkpoint reported whole)."""
+    def missing_parts(self, limit: int = 1000) -> list[int]:
+        """The first `limit` ranks whose part was never reported ([] for a checkpoint
+        reported whole)."""
         if self.world_size is None:
             return []
-        reported = set(self.parts.values_list("rank", flat=True))
-        return [rank for rank in range(self.world_size) if rank not in reported]
+        return missing_ranks(self.world_size, self.parts.values_list("rank", flat=True), limit)
 
     def resume_refusal(self) -> str:
         """Why this checkpoint cannot be resumed from ("" when it can), by resumable_q()."""

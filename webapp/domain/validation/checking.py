@@ -31,8 +31,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp.domain import lease
-from webapp.domain.ingest.parts import describe_ranks
 from webapp.domain.locks import for_update
+from webapp.domain.ranks import describe_ranks
 
 PROGRESS_EVERY_S = 1.0
 
