@@ -33,12 +33,10 @@ from webapp.domain.replication.replicate import (
     Claim,
     _lock,
     _present,
-    _worth_a_look,
     _write_manifest,
     record_verified,
+    send_entries,
 )
-from webapp.domain.replication.sources import sources
-from webapp.domain.replication.upload import Throttle
 
 
 def queue_for(host: str) -> str:
@@ -116,34 +114,11 @@ def send_leg(claimed: Claim, host: str) -> str:
         return "superseded"
     if replica.legs.get(host) == "done":
         return "sent"
-    target, checkpoint = replica.target, replica.checkpoint
-    mine = host_of_files(checkpoint)
+    mine = host_of_files(replica.checkpoint)
     entries = [e for e in replica.files if mine.get(e["path"]) == host]
-    client = targets.client_for(target)
-    worth_a_look = _worth_a_look(replica, claimed)
     progress = _LegProgress(replica.pk)
     try:
-        with sources(checkpoint) as open_source:
-            fanout.send_files(
-                client,
-                target.bucket,
-                entries,
-                open_source=open_source,
-                present=lambda e: (
-                    worth_a_look(e)
-                    and _present(client, target.bucket, e["key"], e["sha256"], e["size"])
-                ),
-                tally=progress.tally,
-                on_wake=progress.wake,
-                files_at_once=settings.REPLICATION_FILES_AT_ONCE,
-                upload_kwargs={
-                    "part_size": settings.REPLICATION_PART_SIZE,
-                    "concurrency": settings.REPLICATION_CONCURRENCY,
-                    "storage_class": target.storage_class,
-                    "throttle": Throttle(settings.REPLICATION_MAX_BYTES_PER_S),
-                    "part_checksum": settings.REPLICATION_PART_CHECKSUM,
-                },
-            )
+        send_entries(targets.client_for(replica.target), replica, claimed, entries, progress)
     finally:
         progress.flush()
     return "sent"

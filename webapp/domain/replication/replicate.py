@@ -220,6 +220,34 @@ def _write_manifest(client, target, checkpoint, replica) -> str:
     return mkey
 
 
+def send_entries(client, replica, claimed: Claim, entries: list[dict], progress) -> list[dict]:
+    """Send the entries of the replica's files the target lacks, from the checkpoint's
+    own files (a whole replica, or one host's leg of a node-local one). Returns the
+    entries that were there already."""
+    target, bucket = replica.target, replica.target.bucket
+    worth_a_look = _worth_a_look(replica, claimed)
+    with sources(replica.checkpoint) as open_source:
+        return fanout.send_files(
+            client,
+            bucket,
+            entries,
+            open_source=open_source,
+            present=lambda e: (
+                worth_a_look(e) and _present(client, bucket, e["key"], e["sha256"], e["size"])
+            ),
+            tally=progress.tally,
+            on_wake=progress.wake,
+            files_at_once=settings.REPLICATION_FILES_AT_ONCE,
+            upload_kwargs={
+                "part_size": settings.REPLICATION_PART_SIZE,
+                "concurrency": settings.REPLICATION_CONCURRENCY,
+                "storage_class": target.storage_class,
+                "throttle": Throttle(settings.REPLICATION_MAX_BYTES_PER_S),
+                "part_checksum": settings.REPLICATION_PART_CHECKSUM,
+            },
+        )
+
+
 def send(claimed: Claim) -> dict:
     """Everything that touches S3 and the source files. Returns what record_verified
     needs; raises SourceChanged / SourceUnavailable (permanent) or anything else
@@ -237,29 +265,9 @@ def send(claimed: Claim) -> dict:
     bucket = target.bucket
 
     _abort_stale_uploads(client, bucket, replica, claimed)
-    worth_a_look = _worth_a_look(replica, claimed)
     progress = _Progress(replica.pk)
     try:
-        with sources(checkpoint) as open_source:
-            skipped = fanout.send_files(
-                client,
-                bucket,
-                replica.files,
-                open_source=open_source,
-                present=lambda e: (
-                    worth_a_look(e) and _present(client, bucket, e["key"], e["sha256"], e["size"])
-                ),
-                tally=progress.tally,
-                on_wake=progress.wake,
-                files_at_once=settings.REPLICATION_FILES_AT_ONCE,
-                upload_kwargs={
-                    "part_size": settings.REPLICATION_PART_SIZE,
-                    "concurrency": settings.REPLICATION_CONCURRENCY,
-                    "storage_class": target.storage_class,
-                    "throttle": Throttle(settings.REPLICATION_MAX_BYTES_PER_S),
-                    "part_checksum": settings.REPLICATION_PART_CHECKSUM,
-                },
-            )
+        skipped = send_entries(client, replica, claimed, replica.files, progress)
     finally:
         progress.flush()
     sent_files = len(replica.files) - len(skipped)
