@@ -22,7 +22,7 @@ import pytest
 
 from bench import corpus as corpus_writer
 from tests.conftest import ROOT, start_worker, stop_worker, wait_for
-from webapp.domain.models import Checkpoint, ValidationPart
+from webapp.domain.models import Checkpoint, Event, ValidationPart
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -322,6 +322,20 @@ def test_an_8_rank_torchrun_job_on_3_hosts_is_checked_where_each_part_is(
         assert written == sorted(
             [f"__{r}_0.distcp" for r in ranks] + ([".metadata"] if 0 in ranks else [])
         )
+    # Each rank's part holds its own shard; the shared .metadata is rank 0's.
+    files = dict(checkpoint.files.values_list("path", "rank"))
+    assert files == {".metadata": 0, **{f"__{r}_0.distcp": r for r in range(8)}}
+    # Rank 0 alone speaks for the run: one run.started, one run.finished, and the
+    # metrics of one rank (each rank trains on its own slice, so its losses differ).
+    types = list(Event.objects.filter(run__key="torchrun-8").values_list("type", flat=True))
+    assert types.count("run.started") == types.count("run.finished") == 1
+    assert types.count("checkpoint.saved") == 8
+    losses: dict[int, set[float]] = {}
+    for event in Event.objects.filter(run__key="torchrun-8", type="metrics"):
+        for point in event.data["points"]:
+            losses.setdefault(point["step"], set()).add(point["values"]["loss"])
+    assert sorted(losses) == list(range(1, 11))
+    assert all(len(values) == 1 for values in losses.values()), losses
     workers = dict(
         ValidationPart.objects.filter(validation__checkpoint=checkpoint)
         .exclude(result__phase=1)
