@@ -31,11 +31,11 @@ from webapp.domain.locks import for_update
 from webapp.domain.replication import fanout, targets
 from webapp.domain.replication.replicate import (
     Claim,
-    _lock,
-    _present,
-    _write_manifest,
+    on_target,
+    owned_lock,
     record_verified,
     send_entries,
+    write_manifest,
 )
 
 
@@ -54,7 +54,7 @@ def host_of_files(checkpoint) -> dict[str, str]:
 def fan_out(claimed: Claim) -> list[str]:
     """Split the claimed replica into one leg per host, sent after commit; the hosts."""
     with transaction.atomic():
-        replica = _lock(claimed)
+        replica = owned_lock(claimed)
         if replica is None:
             return []
         hosts = sorted(set(host_of_files(replica.checkpoint).values()))
@@ -127,7 +127,7 @@ def send_leg(claimed: Claim, host: str) -> str:
 def leg_done(claimed: Claim, host: str) -> None:
     """Note this host's leg done; the last one sends the manifest task (after commit)."""
     with transaction.atomic():
-        replica = _lock(claimed)
+        replica = owned_lock(claimed)
         if replica is None:
             return
         replica.legs = {**replica.legs, host: "done"}
@@ -154,9 +154,9 @@ def finish(claimed: Claim) -> str:
         return "waiting"
     client, bucket = targets.client_for(replica.target), replica.target.bucket
     for entry in replica.files:
-        if not _present(client, bucket, entry["key"], entry["sha256"], entry["size"]):
+        if not on_target(client, bucket, entry["key"], entry["sha256"], entry["size"]):
             raise ConnectionError(f"{entry['path']} is not on the target after its host sent it")
-    manifest_key = _write_manifest(client, replica.target, replica.checkpoint, replica)
+    manifest_key = write_manifest(client, replica.target, replica.checkpoint, replica)
     with transaction.atomic():
         locked = for_update(Replica.objects).get(pk=replica.pk)
         done, sent = locked.bytes_done, locked.bytes_sent

@@ -128,7 +128,7 @@ class _Progress:
         )
 
 
-def _present(client, bucket: str, key: str, sha256: str, size: int) -> bool:
+def on_target(client, bucket: str, key: str, sha256: str, size: int) -> bool:
     from botocore.exceptions import ClientError
 
     try:
@@ -187,7 +187,7 @@ def _abort_stale_uploads(client, bucket: str, replica, claimed: Claim) -> None:
         raise error
 
 
-def _write_manifest(client, target, checkpoint, replica) -> str:
+def write_manifest(client, target, checkpoint, replica) -> str:
     """Written last, once every file is confirmed: a manifest on the target means a
     complete copy. Returns its key."""
     bucket = target.bucket
@@ -233,7 +233,7 @@ def send_entries(client, replica, claimed: Claim, entries: list[dict], progress)
             entries,
             open_source=open_source,
             present=lambda e: (
-                worth_a_look(e) and _present(client, bucket, e["key"], e["sha256"], e["size"])
+                worth_a_look(e) and on_target(client, bucket, e["key"], e["sha256"], e["size"])
             ),
             tally=progress.tally,
             on_wake=progress.wake,
@@ -276,10 +276,10 @@ def send(claimed: Claim) -> dict:
     # its sha256 compared before the upload was completed); one that was already there
     # may have been deleted since by retention of another replica: looked at again.
     for entry in skipped:
-        if not _present(client, bucket, entry["key"], entry["sha256"], entry["size"]):
+        if not on_target(client, bucket, entry["key"], entry["sha256"], entry["size"]):
             raise ConnectionError(f"{entry['path']} is not on the target after its upload")
 
-    mkey = _write_manifest(client, target, checkpoint, replica)
+    mkey = write_manifest(client, target, checkpoint, replica)
     progress.flush()
     return {
         "manifest_key": mkey,
@@ -315,7 +315,7 @@ def _event(replica, type_: str, message: str, now, **data) -> None:
         alerts.on_replica_failed(replica)
 
 
-def _lock(claimed: Claim, with_checkpoint: bool = False):
+def owned_lock(claimed: Claim, with_checkpoint: bool = False):
     """The replica, locked, if this attempt still owns it; else None. With
     with_checkpoint, its checkpoint's row is locked first (the order of
     webapp/domain/locks.py)."""
@@ -340,7 +340,7 @@ def record_verified(claimed: Claim, result: dict) -> str:
 
     now = timezone.now()
     with transaction.atomic():
-        replica = _lock(claimed)
+        replica = owned_lock(claimed)
         if replica is None:
             return "superseded"
         replica.status = ReplicaStatus.VERIFIED
@@ -369,7 +369,7 @@ def record_source_changed(claimed: Claim, exc: Exception) -> str:
 
     now = timezone.now()
     with transaction.atomic():
-        replica = _lock(claimed, with_checkpoint=True)
+        replica = owned_lock(claimed, with_checkpoint=True)
         if replica is None:
             return "superseded"
         _finish(replica, ReplicaStatus.FAILED, f"Not copied: {exc}", now)
@@ -389,7 +389,7 @@ def record_unavailable(claimed: Claim, exc: Exception) -> str:
 
     now = timezone.now()
     with transaction.atomic():
-        replica = _lock(claimed)
+        replica = owned_lock(claimed)
         if replica is None:
             return "superseded"
         _finish(replica, ReplicaStatus.FAILED, f"Not copied: {exc}", now)
@@ -406,7 +406,7 @@ def record_error(claimed: Claim, exc: Exception) -> float | None:
     now = timezone.now()
     error = f"{type(exc).__name__}: {exc}"[:2000]
     with transaction.atomic():
-        replica = _lock(claimed)
+        replica = owned_lock(claimed)
         if replica is None:
             return None
         if replica.attempts >= settings.REPLICATION_MAX_ATTEMPTS:
