@@ -29,6 +29,13 @@ sends every spooled event. Exit status 0 when all is delivered, 4 when something
 left (the server is unreachable, or a report could not be completed)."""
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: at least 1")
+    return value
+
+
 def _watch(args) -> int:
     from lifeboat.run import Run
     from lifeboat.watch import Watcher
@@ -40,12 +47,15 @@ def _watch(args) -> int:
         spool_dir=args.spool_dir,
         lifecycle=False,
         enabled=True,
-        # A sidecar does not know which rank wrote which file: it reports each
-        # checkpoint whole, whatever LIFEBOAT_PARTS says.
+        # A sidecar is no rank of the job: with --world-size it reports the parts of the
+        # ranks whose files are on its node, else each checkpoint whole.
         parts=False,
     )
     run.start()
-    watcher = Watcher(args.dir, run, settle_s=args.settle, step_regex=args.step_regex)
+    watcher = Watcher(
+        args.dir, run, settle_s=args.settle, step_regex=args.step_regex,
+        world_size=args.world_size,
+    )  # fmt: skip
     print(f"lifeboat: watching {watcher.root} for run {run.key!r}", file=sys.stderr)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -162,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     watch.add_argument("--step-regex", help="a regex whose first group is the step")
     watch.add_argument("--once", action="store_true", help="look once, report, exit")
+    watch.add_argument(
+        "--world-size", type=_positive, metavar="N",
+        help="the job's world size: report, per checkpoint folder, the part of each rank "
+        "whose files are on this node (node-local checkpoints; docs/client.md)",
+    )  # fmt: skip
     connection_options(watch)
 
     flush = commands.add_parser(

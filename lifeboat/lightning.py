@@ -6,10 +6,11 @@
 Lightning calls `on_save_checkpoint` before the file is written, so the callback only
 notes the step there; at the next hook (the end of the batch, epoch, validation or fit)
 it reports every file a ModelCheckpoint wrote since, with the step and the logged
-metrics of that moment. Only global rank 0 reports, and it reports each checkpoint
-whole: Lightning does not say which rank wrote which file of a sharded checkpoint, so the
-callback does not report per-rank parts (a `run` with parts on is refused; its own run
-has them off, whatever LIFEBOAT_PARTS says). Without a `run`, the callback opens one
+metrics of that moment. Without parts, global rank 0 reports each checkpoint whole.
+With parts (`LIFEBOAT_PARTS=1`, or a `run` made with `parts=True`), every rank reports
+its own part of a sharded checkpoint folder (FSDP's `state_dict_type="sharded"`, DCP
+shards named by rank, lifeboat/parts.py), while a single `.ckpt` file, which rank 0
+alone writes, is still reported whole by rank 0. Without a `run`, the callback opens one
 from the environment (LIFEBOAT_URL, LIFEBOAT_TOKEN, LIFEBOAT_RUN) for the fit and closes
 it as finished or failed.
 """
@@ -23,17 +24,12 @@ import traceback
 
 import lightning.pytorch as pl
 
+from lifeboat.parts import parts_from_env
 from lifeboat.run import Run, _numbers
 
 
 class LifeboatCallback(pl.Callback):
     def __init__(self, run: Run | None = None, *, log_metrics: bool = True, **run_kwargs):
-        if getattr(run, "parts", False) or run_kwargs.get("parts"):
-            raise ValueError(
-                "LifeboatCallback reports whole checkpoints from global rank 0: give it a "
-                "Run without parts (docs/client.md, 'Many ranks')"
-            )
-        run_kwargs["parts"] = False
         self.run = run
         self._owns_run = run is None
         self._run_kwargs = run_kwargs
@@ -44,7 +40,10 @@ class LifeboatCallback(pl.Callback):
     # -- the run ------------------------------------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module, stage: str) -> None:
-        if stage != "fit" or not trainer.is_global_zero or self.run is not None:
+        if stage != "fit" or self.run is not None:
+            return
+        parts = self._run_kwargs.get("parts")
+        if not trainer.is_global_zero and not (parts_from_env() if parts is None else parts):
             return
         self._run_kwargs.setdefault("framework", f"lightning {pl.__version__}")
         self._run_kwargs.setdefault("world_size", trainer.world_size)
@@ -87,14 +86,19 @@ class LifeboatCallback(pl.Callback):
                 key = (os.path.realpath(path), modified)
                 if modified / 1e9 < since or key in self._reported:
                     continue
+                # A file is rank 0's alone; a sharded folder is every rank's, with parts.
+                whole = os.path.isfile(path)
+                if not trainer.is_global_zero and (whole or not self.run.parts):
+                    continue
                 self._reported.add(key)
                 # Lightning's default names carry the step ("epoch=1-step=200.ckpt"); it
                 # is exact even when two saves happened before this report.
                 named = re.search(r"step=(\d+)", os.path.basename(path))
                 step = int(named.group(1)) if named else last_step
                 self.run.checkpoint(
-                    path, step=step, epoch=epoch, metrics=metrics, format="lightning"
-                )
+                    path, step=step, epoch=epoch, metrics=metrics, format="lightning",
+                    whole=whole,
+                )  # fmt: skip
         self._saves.clear()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

@@ -8,11 +8,13 @@ joins the parts of (run, step) and checks the checkpoint once every rank below t
 size has reported (docs/api.md). So each rank hashes its own shards, at the same time as
 the others, instead of rank 0 reading every rank's bytes.
 
-Which files are this rank's (`own_files`): the ones `files=` names; else, for a folder
-written by torch.distributed.checkpoint's FileSystemWriter, `__<rank>_*.distcp` and, on
-rank 0, `.metadata` (the coordinator writes it); else, for a single file, that file, its
-folder being the location. Anything else needs `files=`: a folder alone does not say
-which rank wrote what.
+Which files are this rank's (`own_files`): the ones `files=` names; else, for a single
+file, that file, its folder being the location; else, in a folder, the files whose names
+carry this rank (`rank_of_name`: DCP's `__<rank>_<n>.distcp`, the HF Trainer's
+`rng_state_<rank>.pth`, DeepSpeed's `zero_pp_rank_<rank>_...`, `rank-<rank>...`) and, on
+rank 0, every file whose name carries no rank (DCP's `.metadata`, an HF index, the
+Trainer's model and state: the main process writes them). A folder where this rank has
+no file needs `files=`: the folder alone does not say which rank wrote what.
 """
 
 from __future__ import annotations
@@ -85,23 +87,38 @@ def _relative(name) -> str:
     return path.as_posix()
 
 
-def is_dcp_folder(folder: Path) -> bool:
-    """torch.distributed.checkpoint's FileSystemWriter wrote it: `.metadata` and shards."""
-    try:
-        names = os.listdir(folder)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
-    return ".metadata" in names and any(n.endswith(".distcp") for n in names)
+# A rank in a file's name, as the writers of sharded checkpoints put it there. With
+# model parallelism DeepSpeed's `zero_pp_rank_<n>` is the data-parallel rank, not the
+# global one: such jobs pass files= (docs/client.md).
+_RANK_NAMES = (
+    re.compile(r"__(\d+)_\d+\.distcp"),  # torch.distributed.checkpoint's FileSystemWriter
+    re.compile(r"rng_state_(\d+)\.pth"),  # the HF Trainer, one per process
+    re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?!\d)", re.I),  # rank-3.pt, zero_pp_rank_3_...
+)
 
 
-def dcp_files(folder: Path, rank: int) -> list[str]:
-    """The files of `rank` in a DCP folder: its shards `__<rank>_<n>.distcp` (the writer's
-    names), and the coordinator's `.metadata` on rank 0."""
-    shard = re.compile(rf"__{rank}_\d+\.distcp")
-    names = sorted(n for n in os.listdir(folder) if shard.fullmatch(n))
-    if rank == 0:
-        names.insert(0, ".metadata")
-    return names
+def rank_of_name(name: str) -> int | None:
+    """The rank a file's name says wrote it, None when it names none."""
+    for pattern in _RANK_NAMES:
+        found = pattern.search(name)
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def files_by_rank(folder: Path) -> dict[int | None, list[str]]:
+    """The files of `folder` (relative, '/'-separated) by the rank their names carry
+    (the innermost name that carries one: `rank-3/model.pt` is rank 3's), None for those
+    that carry none. The folder's own name is not looked at."""
+    found: dict[int | None, list[str]] = {}
+    for parent, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            relative = (Path(parent) / name).relative_to(folder).as_posix()
+            tagged = [rank_of_name(piece) for piece in relative.split("/")]
+            owner = next((r for r in reversed(tagged) if r is not None), None)
+            found.setdefault(owner, []).append(relative)
+    return found
 
 
 def own_files(
@@ -109,11 +126,12 @@ def own_files(
     rank: int,
     *,
     files=None,
-    format: str | None = None,  # noqa: A002
+    world_size: int | None = None,
 ) -> tuple[str, list[str]]:
-    """(location, files): the folder all ranks report, and this rank's files in it.
-    Raises ValueError when that cannot be told (a folder of no known layout and no
-    `files=`), or when `files=` names a path outside the folder."""
+    """(location, files): the folder all ranks report, and this rank's files in it (all
+    of them when the world is this one rank). Raises ValueError when that cannot be told
+    (a folder with no file of this rank and no `files=`), or when `files=` names a path
+    outside the folder."""
     location = Path(os.path.abspath(os.fspath(path)))
     if files is not None:
         if isinstance(files, (str, bytes, os.PathLike)):
@@ -128,18 +146,19 @@ def own_files(
         # A file; or nothing, taken for a file: hashing it then reports the save as
         # failed ("gone"), as without parts, rather than raising into the training loop.
         return str(location.parent), [location.name]
-    if format == "dcp" or is_dcp_folder(location):
-        names = dcp_files(location, rank)
-        if not [name for name in names if name != ".metadata"]:
-            raise ValueError(
-                f"{location} holds no __{rank}_*.distcp (torch.distributed.checkpoint's "
-                f"name for rank {rank}'s shards): pass files= with this rank's files"
-            )
-        return str(location), names
-    raise ValueError(
-        f"which files of {location} did rank {rank} write? With parts on, pass "
-        "files=[...] (paths inside that folder) to run.checkpoint()"
-    )
+    by_rank = files_by_rank(location)
+    if world_size == 1:
+        return str(location), sorted(name for names in by_rank.values() for name in names)
+    if not by_rank.get(rank):
+        named = "" if set(by_rank) == {None} or not by_rank else f" for rank {rank}"
+        raise ValueError(
+            f"which files of {location} did rank {rank} write? No file there is named as "
+            f"a rank's{named} (like __{rank}_0.distcp, rng_state_{rank}.pth or "
+            f"rank-{rank}.pt): pass files=[...] (paths inside that folder) to "
+            "run.checkpoint()"
+        )
+    names = by_rank[rank] + (by_rank.get(None, []) if rank == 0 else [])
+    return str(location), sorted(names)
 
 
 # Rank 0's files that every rank reads: DCP's `.metadata`, an HF index or config. The

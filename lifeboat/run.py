@@ -356,6 +356,8 @@ class Run:
         event_id: str | None = None,
         written: dict[str, dict] | None = None,
         files: list[str] | None = None,
+        whole: bool = False,
+        part: Part | None = None,
     ) -> CheckpointReport:
         """Report a checkpoint the job has finished writing at `path` (a file or a
         directory). Returns at once: the files are hashed on a background thread and sent
@@ -367,11 +369,16 @@ class Run:
         With parts on, the report is this rank's part: the files it wrote (`files`, paths
         inside the folder `path`; without it, found as lifeboat.parts.own_files says),
         listed and hashed here, and no others. Without parts, `files` is not used: rank
-        0 reports everything at `path`."""
+        0 reports everything at `path`. `whole=True` reports everything at `path` even
+        with parts on, for a checkpoint one process wrote alone (a Lightning `.ckpt`
+        under DDP: rank 0 writes it, and the other ranks have no part of it). `part`
+        reports for another rank than this process's: `lifeboat watch --world-size` on
+        a node reports the parts of the ranks whose files are there."""
         location = os.path.abspath(os.fspath(path))
         only = None
-        if self.part is not None:
-            location, only = own_files(location, self.part.rank, files=files, format=format)
+        part = None if whole else (part or self.part)
+        if part is not None:
+            location, only = own_files(location, part.rank, files=files, world_size=part.world_size)
         report = CheckpointReport(event_id or str(uuid.uuid4()), location, int(step))
         if not self.enabled:
             report.event = {}
@@ -392,8 +399,8 @@ class Run:
         }
         if written:
             request["written"] = written
-        if self.part is not None:
-            request["part"] = self.part.as_dict()
+        if part is not None:
+            request["part"] = part.as_dict()
             request["only"] = only
         request = self.pending.add(request)
         if request is None:

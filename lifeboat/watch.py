@@ -13,6 +13,13 @@ so a checkpoint still being written is never reported half-way. Temporary names
 (hidden files, `*.tmp`, `*.part`, `*.partial`, `*~`) are never reported: a job that
 writes to a temporary name and renames is reported right after the rename settles.
 
+With `--world-size N` (node-local checkpoints, docs/client.md "Many ranks"), the watcher
+on each node reports, for every checkpoint folder, one part per rank whose files are on
+this node (names that carry the rank: `__<rank>_<n>.distcp`, `rng_state_<rank>.pth`,
+`rank-<rank>.pt`; lifeboat/parts.py), rank 0's with the files that name no rank; a
+folder holding such files is a checkpoint even without DCP's `.metadata` (written on rank
+0's node only), complete once quiet. The server joins the parts from every node.
+
 The step comes from the name (`step=1200`, `checkpoint-1200`, `step_1200`, `iter-1200`,
 `global_step1200`, else the last number in it); a name without one is skipped with a
 message, or pass --step-regex. Each report's event id is derived from the path and the
@@ -32,6 +39,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from lifeboat.parts import Part, files_by_rank, part_host, rank_of_name
 from lifeboat.run import Run
 
 log = logging.getLogger("lifeboat")
@@ -97,6 +105,10 @@ def _directory_kind(path: Path, names: list[str]) -> Candidate | None:
     return None
 
 
+def _holds_ranked(folder: Path, names: list[str]) -> bool:
+    return any(rank_of_name(name) is not None and not TEMPORARY.search(name) for name in names)
+
+
 def signature(candidate: Candidate) -> tuple | None:
     """Sizes and mtimes of everything in the candidate; None if it vanished meanwhile."""
     try:
@@ -125,6 +137,7 @@ class Watcher:
         settle_s: float = 5.0,
         step_regex: str | None = None,
         state_path: str | os.PathLike | None = None,
+        world_size: int | None = None,
     ):
         self.root = Path(root).resolve()
         self.run = run
@@ -134,6 +147,9 @@ class Watcher:
         self.reported: set[str] = set()
         self.seen: dict[Path, tuple[tuple, float]] = {}
         self.skipped: set[Path] = set()
+        # Set: report the parts of the ranks whose files are here, for a job of this size.
+        self.world_size = world_size
+        self.host = part_host() if world_size else ""
         self._load_state()
 
     def _default_state_path(self) -> Path:
@@ -159,6 +175,8 @@ class Watcher:
             here = Path(folder)
             if here != self.root:
                 directory = _directory_kind(here, names)
+                if directory is None and self.world_size and _holds_ranked(here, names):
+                    directory = Candidate(here, "directory", False)
                 if directory is not None:
                     found.append(directory)
                     dirs[:] = []  # its files belong to it
@@ -195,7 +213,9 @@ class Watcher:
                 # The writer said it is done; one unchanged look more is enough.
                 ready = quiet or first_seen < now
             else:
-                ready = quiet and candidate.kind != "hf"
+                # An HF folder is done once trainer_state.json is there; with parts, on
+                # a node other than rank 0's it never is, and quiet is all there is.
+                ready = quiet and (candidate.kind != "hf" or bool(self.world_size))
             if not ready:
                 continue
             step = step_of(candidate.path.name, self.step_pattern)
@@ -207,19 +227,41 @@ class Watcher:
                         candidate.path.name,
                     )
                 continue
-            report = self.run.checkpoint(
-                candidate.path,
-                step=step,
-                epoch=epoch_of(candidate.path.name),
-                format=candidate.kind,
-                event_id=str(uuid.UUID(key)),
-                metrics={},
-            )
+            for part, files, event_id in self._reports(candidate, key):
+                report = self.run.checkpoint(
+                    candidate.path,
+                    step=step,
+                    epoch=epoch_of(candidate.path.name),
+                    format=candidate.kind,
+                    event_id=event_id,
+                    metrics={},
+                    files=files,
+                    part=part,
+                )
+                events.append({"path": str(candidate.path), "step": step, "report": report})
+                log.info("lifeboat watch: reported %s (step %d)", candidate.path, step)
             self.reported.add(key)
             self._save_state()
-            events.append({"path": str(candidate.path), "step": step, "report": report})
-            log.info("lifeboat watch: reported %s (step %d)", candidate.path, step)
         return events
+
+    def _reports(self, candidate: Candidate, key: str) -> list[tuple]:
+        """(part, files, event id) of each report this candidate makes: one, whole; or,
+        with parts, one per rank whose files are here."""
+        if not self.world_size or not candidate.path.is_dir():
+            return [(None, None, str(uuid.UUID(key)))]
+        by_rank = files_by_rank(candidate.path)
+        reports = []
+        for rank in sorted(r for r in by_rank if r is not None and r < self.world_size):
+            files = by_rank[rank] + (by_rank.get(None, []) if rank == 0 else [])
+            part = Part(rank, self.world_size, self.host)
+            event_id = str(uuid.uuid5(NAMESPACE, f"{key}|rank {rank}"))
+            reports.append((part, files, event_id))
+        if not reports:
+            log.warning(
+                "lifeboat watch: %s holds no file named as a rank's below %d; not reported",
+                candidate.path, self.world_size,
+            )  # fmt: skip
+        return reports
 
     def forever(self, interval_s: float = 2.0, stop=None) -> None:
         while stop is None or not stop.is_set():

@@ -16,7 +16,7 @@ from tests.test_dashboard import as_user, make_checkpoint, make_run
 from tests.test_dashboard_recovery import with_replica
 from webapp.domain.models import Event, Validation
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
 
 
 def audit(type_: str) -> list[Event]:

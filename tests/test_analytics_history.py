@@ -14,7 +14,7 @@ from tests.conftest import member
 from tests.test_dashboard import as_user
 from webapp.domain.health import analytics
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def send(api, token, type_: str, seconds_ago: float, **fields) -> None:

@@ -14,7 +14,7 @@ from webapp.domain.ingest import bulk_sql, sql_pipeline
 from webapp.domain.ingest.rules import new_checkpoint as _new_checkpoint
 from webapp.domain.models import Checkpoint, CheckpointFile, Run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 SHAPES = {"json": 1, "arrays": bulk_sql._ARRAYS_FROM_ROWS}
 postgresql_only = pytest.mark.skipif(

@@ -14,7 +14,7 @@ from tests.conftest import SHA, event, queued_tasks, saved
 from webapp.domain import parts_deadline
 from webapp.domain.models import Checkpoint, CheckpointPart, Event
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
 
 LOCATION = "/data/run-1/step-100"
 

@@ -16,7 +16,7 @@ from tests.client_support import run_script
 from tests.conftest import wait_for
 from webapp.domain.models import Checkpoint, Event, MetricPoint, Run
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
 
 
 def open_run(server, token, tmp_path, key="job-1", **kwargs) -> lifeboat.Run:

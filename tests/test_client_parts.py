@@ -19,7 +19,7 @@ import pytest
 
 import lifeboat
 import lifeboat.torch
-from lifeboat.parts import own_files, part_host
+from lifeboat.parts import own_files, part_host, rank_of_name
 from tests.client_support import kill_while_hashing, run_script
 from tests.conftest import ROOT
 from tests.test_integrations import (  # noqa: F401 (fixtures)
@@ -123,16 +123,54 @@ def test_which_files_are_a_ranks_own(tmp_path):
     assert own_files(folder, 1, files=["b/x.bin", "a.bin", "a.bin"]) == (
         str(folder), ["a.bin", "b/x.bin"]
     )  # fmt: skip
-    with pytest.raises(ValueError, match="holds no __5_"):
+    with pytest.raises(ValueError, match="named as a rank's for rank 5.*pass files="):
         own_files(folder, 5)
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "model.bin").write_bytes(b"x")
     with pytest.raises(ValueError, match="pass files="):
         own_files(plain, 0)
+    assert own_files(plain, 0, world_size=1) == (str(plain), ["model.bin"])  # alone: all
     for outside in (["../elsewhere.bin"], ["/etc/passwd"], [], "model.bin"):
         with pytest.raises(ValueError, match="files="):
             own_files(plain, 0, files=outside)
+
+
+def test_the_names_writers_give_say_which_ranks_files_are_whose(tmp_path):
+    # The HF Trainer's folder under FSDP's sharded state dict on 2 processes: the main
+    # process writes everything but the other's RNG state and DCP shards.
+    folder = tmp_path / "checkpoint-8"
+    names = [
+        "trainer_state.json", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth",
+        "pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp_0/__0_0.distcp",
+        "pytorch_model_fsdp_0/__1_0.distcp", "optimizer_0/.metadata",
+        "optimizer_0/__0_0.distcp", "optimizer_0/__1_0.distcp",
+    ]  # fmt: skip
+    for name in names:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(b"x")
+    location, rank_1 = own_files(folder, 1)
+    assert rank_1 == [
+        "optimizer_0/__1_0.distcp", "pytorch_model_fsdp_0/__1_0.distcp", "rng_state_1.pth"
+    ]  # fmt: skip
+    _, rank_0 = own_files(folder, 0)
+    assert sorted(rank_0 + rank_1) == sorted(names) and not set(rank_0) & set(rank_1)
+    # DeepSpeed's ZeRO folder, and a job's own rank-<n> names (a folder names its files).
+    deepspeed = tmp_path / "global_step20"
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                 "zero_pp_rank_1_mp_rank_00_optim_states.pt", "rank-1/model.pt"):  # fmt: skip
+        (deepspeed / name).parent.mkdir(parents=True, exist_ok=True)
+        (deepspeed / name).write_bytes(b"x")
+    assert own_files(deepspeed, 1)[1] == [
+        "rank-1/model.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    ]  # fmt: skip
+    assert own_files(deepspeed, 0)[1] == [
+        "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    ]  # fmt: skip
+    # A name that only looks like one is nobody's: "ranking", "frank7".
+    assert [rank_of_name(n) for n in ("ranking_2.json", "frank7.pt", "rank12.bin")] == [
+        None, None, 12
+    ]  # fmt: skip
 
 
 def test_a_part_names_the_host_as_the_workers_queues_do(monkeypatch):
@@ -214,3 +252,53 @@ def test_a_part_left_by_a_killed_rank_is_completed_by_lifeboat_flush(job_env, tm
     checkpoint = Checkpoint.objects.get(run__key="parts-crash", step=300)
     assert checkpoint.status_message.endswith("waiting for rank 0")
     assert files_by_rank(checkpoint) == {1: ["rank-1/shard.bin"]}
+
+
+def torchrun_2(args: list[str], env: dict, timeout: float = 240) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         *args],
+        cwd=ROOT, env={**env, "LIFEBOAT_PARTS": "1"}, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return done.stdout
+
+
+@live
+@pytest.mark.worker
+def test_the_hf_trainer_on_two_processes_reports_a_part_from_each(job_env, tmp_path):
+    # examples/hf_trainer.py unchanged, under torchrun, with LIFEBOAT_PARTS=1: the main
+    # process reports the Trainer's files and its RNG state, the other its own RNG state.
+    torchrun_2(["examples/hf_trainer.py", "--run-name", "hf-parts", "--steps", "4",
+                "--checkpoint-dir", str(tmp_path / "ckpt")], job_env)  # fmt: skip
+    checkpoint = verified_steps("hf-parts", 1)[4]
+    assert checkpoint.world_size == 2
+    by_rank = files_by_rank(checkpoint)
+    assert by_rank[1] == ["rng_state_1.pth"]
+    assert {"rng_state_0.pth", "trainer_state.json", "model.safetensors"} <= set(by_rank[0])
+    folder = tmp_path / "ckpt" / "hf-parts" / "checkpoint-4"
+    assert sorted(by_rank[0] + by_rank[1]) == sorted(
+        p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()
+    )
+    assert types_of("hf-parts").count("run.started") == 1
+
+
+@live
+@pytest.mark.worker
+def test_the_lightning_callback_on_two_ranks_reports_parts_of_a_folder_and_a_file_whole(
+    job_env, tmp_path
+):
+    torchrun_2(["tests/lightning_parts_job.py", "pl-sharded", str(tmp_path / "ckpt" / "s"),
+                "sharded"], job_env)  # fmt: skip
+    steps = verified_steps("pl-sharded", 2)
+    assert sorted(steps) == [2, 4]  # 2 epochs of 64 samples, batches of 16 on each of 2
+    assert files_by_rank(steps[4]) == {0: ["rank-0.pt"], 1: ["rank-1.pt"]}
+    assert steps[4].parts.count() == 2
+    # DDP's .ckpt: rank 0 writes it alone, and reports it whole.
+    torchrun_2(["tests/lightning_parts_job.py", "pl-file", str(tmp_path / "ckpt" / "f"),
+                "file"], job_env)  # fmt: skip
+    steps = verified_steps("pl-file", 2)
+    assert steps[4].world_size is None and not steps[4].parts.exists()
+    assert steps[4].location.endswith("epoch=1-step=4.ckpt")
+    assert types_of("pl-file").count("run.started") == 1

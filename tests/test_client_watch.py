@@ -10,6 +10,7 @@ import pytest
 
 import lifeboat
 from lifeboat.watch import Watcher, step_of
+from tests.conftest import wait_for
 from webapp.domain.models import Checkpoint, Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -135,6 +136,50 @@ def test_a_restarted_watcher_does_not_report_again_and_a_rewrite_is_new(
     saved = Event.objects.filter(run__key="watched", type="checkpoint.saved")
     assert saved.count() == 2
     assert Checkpoint.objects.get(run__key="watched", step=10).total_size == 1200
+
+
+def test_with_the_world_size_each_nodes_watcher_reports_the_parts_of_its_ranks(
+    server, token, root, tmp_path, monkeypatch
+):
+    # One DCP folder of a 3-rank job on node-local disks, as two nodes see it at the same
+    # path: node-b holds ranks 1 and 2 (no .metadata: rank 0's coordinator writes it on
+    # node-a). Each node's sidecar reports the parts of the ranks whose files it holds.
+    folder = root / "step_70"
+    folder.mkdir()
+    for rank in (1, 2):
+        (folder / f"__{rank}_0.distcp").write_bytes(bytes([rank]) * 3000)
+    run = sidecar(server, token, tmp_path)
+    monkeypatch.setenv("LIFEBOAT_HOST", "node-b")
+    node_b = Watcher(root, run, settle_s=0.3, world_size=3)
+    assert reported(node_b) == []  # not quiet yet: written just now
+    time.sleep(0.4)
+    events = node_b.poll()
+    assert [e["report"].wait(30)["part"] for e in events] == [
+        {"rank": 1, "world_size": 3, "host": "node-b"},
+        {"rank": 2, "world_size": 3, "host": "node-b"},
+    ]
+    checkpoint = wait_for(
+        lambda: Checkpoint.objects.filter(run__key="watched", step=70, parts__rank=2).first(), 20
+    )
+    assert checkpoint.status == "saving" and "0" in checkpoint.status_message
+
+    for rank in (1, 2):  # node-a's view of the same path
+        (folder / f"__{rank}_0.distcp").unlink()
+    (folder / "__0_0.distcp").write_bytes(b"\0" * 3000)
+    (folder / ".metadata").write_bytes(b"m" * 10)
+    time.sleep(0.4)
+    monkeypatch.setenv("LIFEBOAT_HOST", "node-a")
+    node_a = Watcher(root, run, settle_s=0.3, world_size=3, state_path=tmp_path / "a.json")
+    events = node_a.poll()
+    assert [e["report"].wait(30)["part"]["rank"] for e in events] == [0]
+    run.finish()
+    wait_for(lambda: checkpoint.parts.filter(rank=0).exists(), 20)
+    checkpoint.refresh_from_db()
+    assert checkpoint.status == "reported" and checkpoint.world_size == 3
+    files = dict(checkpoint.files.values_list("path", "rank"))
+    assert files == {".metadata": 0, "__0_0.distcp": 0, "__1_0.distcp": 1, "__2_0.distcp": 2}
+    hosts = dict(checkpoint.parts.values_list("rank", "host"))
+    assert hosts == {0: "node-a", 1: "node-b", 2: "node-b"}
 
 
 def test_the_cli_watches_once_and_exits(server, token, root, tmp_path):

@@ -23,7 +23,7 @@ from webapp.domain.models import (
 )
 from webapp.domain.models.runs import Health
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def make_run(project, key: str, **fields) -> Run:

@@ -23,7 +23,7 @@ from webapp.domain.models import (
     Validation,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 # --- The number of queries does not grow with the rows -----------------------------------

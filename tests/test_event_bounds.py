@@ -14,7 +14,7 @@ from webapp.domain.health import badges
 from webapp.domain.ingest import event_schema as bounds
 from webapp.domain.models import Run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 ZERO = "0" * 64
 

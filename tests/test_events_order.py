@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import event, saved
 from webapp.domain.models import Checkpoint, Run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def test_checkpoint_saved_before_run_started_still_creates_the_run(api, token):

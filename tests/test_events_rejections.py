@@ -10,7 +10,7 @@ from django.test import override_settings
 from tests.conftest import event, saved
 from webapp.domain.models import Checkpoint, Event, Run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def assert_nothing_stored():

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import SHA, at, event, saved
 from webapp.domain.models import Checkpoint, CheckpointFile, Event, MetricPoint, Run
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def test_run_started_creates_the_run_with_its_description(api, token, project):

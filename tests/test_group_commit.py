@@ -17,7 +17,7 @@ from tests.conftest import WebServer, queued_tasks, run_together, saved, wait_fo
 from webapp.domain.ingest.group_commit import GroupCommitter, _Request, apply_group
 from webapp.domain.models import Checkpoint, CheckpointFile, Event, Project
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
 
 
 def test_concurrent_requests_share_transactions_and_each_gets_its_own_statuses(project, worker_env):

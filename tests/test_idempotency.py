@@ -11,6 +11,8 @@ from django.test import Client
 from tests.conftest import Api, event, saved
 from webapp.domain.models import Checkpoint, Event, MetricPoint, Run
 
+pytestmark = pytest.mark.sqlite
+
 
 @pytest.mark.django_db
 def test_a_repeated_event_is_accepted_and_changes_nothing(api, token):

@@ -14,7 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from tests.conftest import call_asgi, event, saved
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 BAD = {
     # case: (headers, body, status, the answer's JSON)

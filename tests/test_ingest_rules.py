@@ -10,7 +10,7 @@ from django.db import connection
 from tests.conftest import saved
 from webapp.domain.models import Checkpoint
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="a PostgreSQL function")

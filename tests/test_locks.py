@@ -16,6 +16,8 @@ from webapp.domain.ingest.bulk_select import select_locked
 from webapp.domain.locks import for_update
 from webapp.domain.models import Checkpoint, Event, Project, Replica, Run, StorageTarget
 
+pytestmark = pytest.mark.sqlite
+
 ROOT = Path(__file__).resolve().parent.parent
 
 postgresql_only = pytest.mark.skipif(

@@ -20,7 +20,7 @@ from tests.conftest import ROOT
 from tests.test_dashboard import as_user, make_checkpoint, make_run
 from webapp.domain.models import Event, MetricPoint
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 RAW_FLOAT = re.compile(r"\d\.\d{6,}")
 
 

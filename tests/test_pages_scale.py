@@ -14,7 +14,7 @@ from django.utils import timezone
 from tests.test_dashboard import as_user, make_checkpoint, make_run
 from webapp.domain.models import Checkpoint, MetricPoint, Run, RunStats
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
 
 def expected_totals(run) -> tuple[int, int, int | None, object]:

@@ -19,7 +19,7 @@ from webapp.domain.replication import policy
 from webapp.domain.replication.restore import RestoreError, restore_replica
 from workers.replicate import replicate
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
 
 MiB = 1024 * 1024
 

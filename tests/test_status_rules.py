@@ -19,7 +19,7 @@ from tests.fixtures_checkpoints import save_dcp, small_state_dict, write_safeten
 from webapp.domain.models import Checkpoint
 from workers.validate import validate_checkpoint
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
 
 # Rules of docs/validation.md proved by tests elsewhere (named here so that the list of
 # rules and the list of tests can be read side by side).

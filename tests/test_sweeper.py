@@ -27,7 +27,7 @@ from webapp.domain.models import (
 from webapp.domain.validation import checking
 from webapp.domain.validation.verdict import decide
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
 
 LONG_AGO = timedelta(hours=1)
 

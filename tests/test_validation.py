@@ -20,7 +20,7 @@ from webapp.domain.lease import Busy
 from webapp.domain.models import Checkpoint, Event, Validation
 from workers.validate import claim, validate_checkpoint
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
 
 
 def file_entry(path: Path, rel: str) -> dict:
