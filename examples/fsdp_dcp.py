@@ -46,18 +46,25 @@ def main() -> int:
     x = torch.randn(256, 16, generator=torch.Generator().manual_seed(0))[rank::world]
     y = x.sum(dim=1, keepdim=True)
 
-    # Rank 0 asks Lifeboat for the newest verified checkpoint; every rank loads it.
+    # Rank 0 asks Lifeboat for the newest verified checkpoint; every rank loads that one.
     found = [None]
     if rank == 0:
         try:
             checkpoint = latest_info(args.run_name, lifeboat.Config.resolve())
-            found = [(str(lifeboat.latest(args.run_name)), checkpoint["id"], checkpoint["step"])]
+            # With parts each rank fetches its own share below; else rank 0 the whole.
+            path = None if args.report_parts else str(lifeboat.latest(args.run_name))
+            found = [(path, checkpoint["id"], checkpoint["step"])]
         except lifeboat.LatestError as exc:
             print(f"starting afresh: {exc}", flush=True)
     dist.broadcast_object_list(found, src=0)
     start, resumed_from = 0, None
     if found[0] is not None:
         path, resumed_from, start = found[0]
+        if path is None:  # its own shards and .metadata, of the checkpoint rank 0 chose
+            shared = lifeboat.latest(
+                args.run_name, checkpoint=resumed_from, rank=rank, world_size=world
+            )
+            path = str(shared)
         model_state, optimizer_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optimizer": optimizer_state}
         dcp.load(state, checkpoint_id=path)  # each rank reads its own shards

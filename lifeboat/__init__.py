@@ -13,7 +13,7 @@
 __version__ = "0.2.0"
 
 from lifeboat.config import Config, ConfigError  # noqa: E402
-from lifeboat.restore import LatestError, latest  # noqa: E402
+from lifeboat.restore import LatestError, latest, latest_id  # noqa: E402
 from lifeboat.run import CheckpointReport, Run, current_run  # noqa: E402
 
 __all__ = [
@@ -24,4 +24,5 @@ __all__ = [
     "Run",
     "current_run",
     "latest",
+    "latest_id",
 ]

@@ -85,9 +85,10 @@ class OpsClient:
     def checkpoint(self, checkpoint_id: int) -> dict:
         return self._call(f"checkpoint {checkpoint_id}", "GET", f"/checkpoints/{checkpoint_id}")
 
-    def latest(self, run: str) -> dict:
+    def latest(self, run: str, checkpoint: int | None = None) -> dict:
+        query = f"?checkpoint={int(checkpoint)}" if checkpoint is not None else ""
         return self._call(
-            f"nothing to resume run {run!r} from", "GET", f"/runs/{quote_key(run)}/latest"
+            f"nothing to resume run {run!r} from", "GET", f"/runs/{quote_key(run)}/latest{query}"
         )
 
     def validate(self, checkpoint_id: int) -> dict:

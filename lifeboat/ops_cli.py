@@ -11,8 +11,9 @@ import json
 import os
 
 from lifeboat import ops_format as fmt
-from lifeboat.config import Config
+from lifeboat.config import Config, process_rank, process_world_size
 from lifeboat.ops_api import EXIT_CODES, NOT_VERIFIED, OK, USAGE, CommandFailed, OpsClient
+from lifeboat.parts import parts_from_env, rank_share
 
 
 def connection_options(parser: argparse.ArgumentParser, spool: bool = True) -> None:
@@ -139,15 +140,25 @@ def _latest(args) -> int:
     if not run:
         raise CommandFailed("which run? name it or set LIFEBOAT_RUN", USAGE)
     config = Config.resolve(url=args.url, token=args.token, spool_dir=args.spool_dir)
-    checkpoint = OpsClient(config).latest(run)
+    checkpoint = OpsClient(config).latest(run, args.checkpoint)
     if args.info or (args.json and not args.download):
         _print_json(checkpoint)
         return OK
+    rank, world_size = args.rank, args.world_size
+    if (rank is None) != (world_size is None):
+        raise CommandFailed("--rank and --world-size go together", USAGE)
+    if rank is None and parts_from_env():
+        rank, world_size = process_rank(), process_world_size()
+    share = rank_share(checkpoint, rank, world_size)
+    wanted, partial = (share, True) if share is not None else (checkpoint, False)
     try:
         if args.download:
-            path = restored_copy(checkpoint, run, args.download, progress=not args.quiet)
+            path = restored_copy(
+                wanted, run, args.download, progress=not args.quiet, partial=partial
+            )
         else:
-            path = usable_copy(checkpoint, run, restore_root(config, args.dest), not args.quiet)
+            root = restore_root(config, args.dest)
+            path = usable_copy(wanted, run, root, not args.quiet, partial=partial)
     except LatestError as exc:
         raise CommandFailed(fmt.clean(exc)) from None
     if args.json:
@@ -263,6 +274,16 @@ def add_commands(commands) -> dict:
         "file checked against its sha256 (a whole copy already there is kept)",
     )
     latest.add_argument("--info", action="store_true", help="print the server's answer only")
+    latest.add_argument(
+        "--checkpoint", type=int, metavar="ID",
+        help="that verified checkpoint of the run, not the newest (the one rank 0 chose)",
+    )  # fmt: skip
+    latest.add_argument(
+        "--rank", type=int, metavar="R",
+        help="only what rank R needs, when the job runs on the world size that wrote it "
+        "(its files and the shared ones; default with LIFEBOAT_PARTS=1: the launcher's)",
+    )  # fmt: skip
+    latest.add_argument("--world-size", type=int, metavar="N", help="the job's world size")
     latest.add_argument("--quiet", action="store_true", help="no progress line")
     output(latest, spool=True)
 

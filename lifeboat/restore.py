@@ -28,12 +28,14 @@ class LatestError(Exception):
     """No verified checkpoint could be handed back; the message says why."""
 
 
-def latest_info(run: str, config: Config) -> dict:
-    """The server's answer for the newest verified checkpoint of `run`."""
+def latest_info(run: str, config: Config, checkpoint: int | None = None) -> dict:
+    """The server's answer for the newest verified checkpoint of `run`, or for its
+    verified checkpoint `checkpoint` (an id)."""
+    query = f"?checkpoint={int(checkpoint)}" if checkpoint is not None else ""
     try:
         return request(
             "GET",
-            api_url(config.url, f"/runs/{quote_key(run)}/latest"),
+            api_url(config.url, f"/runs/{quote_key(run)}/latest{query}"),
             config.token,
             timeout=config.timeout_s,
         )
@@ -136,6 +138,7 @@ def latest(
     progress: bool = True,
     rank: int | None = None,
     world_size: int | None = None,
+    checkpoint: int | None = None,
 ) -> Path:
     """The local path of the newest verified checkpoint of `run` (LIFEBOAT_RUN by
     default): the job's own copy if it is intact, else a verified download from a replica
@@ -145,19 +148,32 @@ def latest(
     with the same world size (`rank=`, `world_size=`; with LIFEBOAT_PARTS=1 they come
     from the environment, as for Run(parts=True)): only that rank's files and the shared
     ones are looked at and fetched, each rank on its own host at the same time. On
-    another world size, every file."""
+    another world size, every file. `checkpoint` (an id, from rank 0's `latest_id()`)
+    makes every rank restore that one checkpoint, even if a newer one is verified while
+    the job starts (docs/client.md)."""
     config = Config.resolve(url=url, token=token)
     run = run or os.environ.get("LIFEBOAT_RUN")
     if not run:
         raise LatestError("which run? pass run= or set LIFEBOAT_RUN")
     if rank is None and parts_from_env():
         rank, world_size = process_rank(), process_world_size()
-    checkpoint = latest_info(run, config)
-    share = rank_share(checkpoint, rank, world_size)
+    answer = latest_info(run, config, checkpoint)
+    share = rank_share(answer, rank, world_size)
     root = restore_root(config, dest)
     if share is not None:
         return usable_copy(share, run, root, progress, partial=True)
-    return usable_copy(checkpoint, run, root, progress)
+    return usable_copy(answer, run, root, progress)
+
+
+def latest_id(run: str | None = None, *, url: str | None = None, token: str | None = None) -> int:
+    """The id of the newest verified checkpoint of `run` (LIFEBOAT_RUN by default): what
+    rank 0 of a job on many hosts broadcasts, so that every rank's `latest(checkpoint=)`
+    restores the same one."""
+    config = Config.resolve(url=url, token=token)
+    run = run or os.environ.get("LIFEBOAT_RUN")
+    if not run:
+        raise LatestError("which run? pass run= or set LIFEBOAT_RUN")
+    return int(latest_info(run, config)["id"])
 
 
 def restore_root(config: Config, dest: str | os.PathLike | None = None) -> Path:

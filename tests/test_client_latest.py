@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -237,3 +238,41 @@ def test_a_rank_fetches_its_share_on_the_same_world_size_and_all_on_another(
         "job", url=server.url, token=token, dest=tmp_path / "r4", rank=3, world_size=4
     )
     assert {p.name: p.read_bytes() for p in other.iterdir()} == files
+
+
+def test_every_rank_restores_the_checkpoint_rank_0_chose(replicated_parts, token, api, tmp_path):
+    # A job on many hosts: rank 0 asks for the newest id and broadcasts it; a checkpoint
+    # verified while the ranks start does not split them between two steps.
+    server, directory, files = replicated_parts
+    chosen = lifeboat.latest_id("job", url=server.url, token=token)
+    newer = directory.parent / "step-9.bin"
+    newer.write_bytes(b"9" * 100)
+    spec = {"path": newer.name, "size": 100, "sha256": hashlib.sha256(b"9" * 100).hexdigest()}
+    body = saved(run="job", step=9, location=str(newer), files=[spec], format="")
+    assert api.post_events(token, body).status_code == 202
+    validate_checkpoint(Checkpoint.objects.get(run__key="job", step=9).pk)
+    assert lifeboat.latest_id("job", url=server.url, token=token) != chosen
+    (directory / "rank1.bin").unlink()
+    path = lifeboat.latest(
+        "job", url=server.url, token=token, dest=tmp_path / "r", rank=1, world_size=2,
+        checkpoint=chosen,
+    )  # fmt: skip
+    assert (path / "rank1.bin").read_bytes() == files["rank1.bin"]
+    # The command does the same for a job script: rank 1's share of the chosen one.
+    done = run_script(
+        "import sys, lifeboat.cli; sys.exit(lifeboat.cli.main(['latest', 'job', '--rank', "
+        f"'1', '--world-size', '2', '--checkpoint', '{chosen}', '--download', "
+        f"{str(tmp_path / 'cli')!r}, '--quiet']))",
+        {"LIFEBOAT_URL": server.url, "LIFEBOAT_TOKEN": token},
+    )
+    assert done.returncode == 0, done.stderr_text
+    fetched = Path(done.stdout_text.strip())
+    assert sorted(p.name for p in fetched.iterdir()) == ["index.json", "rank1.bin"]
+    # An id that is not a verified checkpoint of this run is refused, never another one.
+    body = saved(run="other", step=1, location=str(newer), files=[spec], format="")
+    assert api.post_events(token, body).status_code == 202
+    other = Checkpoint.objects.get(run__key="other")
+    validate_checkpoint(other.pk)
+    for wrong in (other.pk, chosen + 10_000):
+        with pytest.raises(lifeboat.LatestError, match=f"no verified checkpoint {wrong}"):
+            lifeboat.latest("job", url=server.url, token=token, checkpoint=wrong)

@@ -195,6 +195,20 @@ def test_fsdp_with_dcp_reports_the_sharded_folder_and_resumes_from_it(job_env, t
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.worker
+def test_fsdp_with_parts_resumes_every_rank_from_its_share_of_one_checkpoint(job_env, tmp_path):
+    script = torchrun("examples/fsdp_dcp.py") + ["--run-name", "fsdp-parts", "--report-parts"]
+    run_example(script + ["--steps", "20"], job_env, tmp_path)
+    first = verified_steps("fsdp-parts", 2)
+    assert first[20].world_size == 2 and first[20].parts.count() == 2
+    # Rank 0 chose step 20 and both ranks restored their share of it (a copy whole here).
+    out = run_example(script + ["--steps", "30"], job_env, tmp_path)
+    assert "(step 20)" in out
+    assert sorted(verified_steps("fsdp-parts", 3)) == [10, 20, 30]
+    assert resumed_from("fsdp-parts") == [None, first[20].id]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
 def test_lightning_fit_reports_every_checkpoint_file(job_env, tmp_path):
     from webapp.domain.models import Run
 

@@ -43,6 +43,8 @@ Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
 # Checkpoints below this step; a step is 0 .. 2**63 - 1, as in the events.
 BeforeStep = Annotated[int | None, Query(ge=0, le=INT64_MAX)]
+# GET /runs/<key>/latest?checkpoint=<id>: that verified checkpoint, not the newest.
+CheckpointQuery = Annotated[int | None, Query(ge=1, le=INT64_MAX)]
 MtbfHours = Annotated[float | None, Query(ge=MTBF_HOURS_MIN, le=MTBF_HOURS_MAX)]
 RunStatusFilter = Annotated[Literal[tuple(RunStatus.values)] | None, Query()]
 HealthFilter = Annotated[Literal[API_STATES] | None, Query()]

@@ -19,6 +19,7 @@ from webapp.api.lookups import run_in_project as _run
 from webapp.api.params import (
     BeforeStep,
     CheckpointId,
+    CheckpointQuery,
     CheckpointStatusFilter,
     HealthFilter,
     Limit,
@@ -31,6 +32,7 @@ from webapp.api.params import (
 )
 from webapp.domain.health import run_health
 from webapp.domain.models import Checkpoint, Run
+from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ReplicaStatus
 
 router = Router(tags=["runs and checkpoints"])
@@ -281,13 +283,21 @@ def list_checkpoints(
 
 
 @router.get("/runs/{path:key}/latest", auth=read_auth, response={200: LatestOut, 404: ErrorOut})
-def latest_checkpoint(request, key: RunKeyPath):
-    """The newest verified checkpoint of a run, with its verified replicas."""
+def latest_checkpoint(request, key: RunKeyPath, checkpoint: CheckpointQuery = None):
+    """The newest verified checkpoint of a run, with its verified replicas; with
+    `checkpoint=<id>`, that one, if it is a verified checkpoint of this run: the ranks of
+    a job on many hosts restore the one checkpoint rank 0 chose, even if a newer one is
+    verified meanwhile."""
     run = _run(request, key)
-    checkpoint = run.latest_verified_checkpoint()
-    if checkpoint is None:
+    if checkpoint is not None:
+        chosen = run.checkpoints.filter(pk=checkpoint, status=CheckpointStatus.VERIFIED).first()
+        if chosen is None:
+            raise ApiError(404, f"run {key!r} has no verified checkpoint {checkpoint}")
+        return chosen
+    latest = run.latest_verified_checkpoint()
+    if latest is None:
         raise ApiError(404, f"run {key!r} has no verified checkpoint yet")
-    return checkpoint
+    return latest
 
 
 @router.get(
