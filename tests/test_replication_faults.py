@@ -239,3 +239,62 @@ def test_an_s3_outage_mid_upload_is_retried_until_the_copy_is_verified(
     (entry,) = replica.files
     body = own_s3.client.get_object(Bucket="own", Key=entry["key"])["Body"].read()
     assert hashlib.sha256(body).hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_uploads_a_host_leg_left_open_are_aborted_by_the_next_attempt(project, root, s3):
+    # A node-local checkpoint's replica is sent in legs, one per host (host_legs.py). A
+    # leg killed mid-upload leaves a multipart upload open: each leg writes its own into
+    # the replica beside the other legs', and the next attempt aborts them on S3 (which
+    # every worker reaches) before it splits into new legs.
+    from django.utils import timezone
+
+    from webapp.domain.models import CheckpointFile, CheckpointPart
+    from webapp.domain.replication import host_legs
+    from webapp.domain.replication import replicate as r
+
+    project.node_local = True
+    project.save()
+    prefix = f"legs-{uuid.uuid4().hex[:8]}"
+    StorageTarget.objects.create(
+        project=project, name="t", bucket=s3.bucket, prefix=prefix, endpoint_url=s3.endpoint
+    )
+    files = {"__0_0.distcp": b"0" * 1000, "__1_0.distcp": b"1" * 1000}
+    checkpoint = make_checkpoint(project, root, 3, files, world_size=2)
+    for rank in (0, 1):
+        CheckpointFile.objects.filter(checkpoint=checkpoint, path=f"__{rank}_0.distcp").update(
+            rank=rank
+        )
+        CheckpointPart.objects.create(
+            checkpoint=checkpoint, rank=rank, host=f"node-{rank}", files_digest="x" * 64,
+            saved_at=timezone.now(),
+        )  # fmt: skip
+    (replica_id,) = queue_replicas(checkpoint)
+    first = r.claim(replica_id)
+    assert host_legs.fan_out(first) == ["node-0", "node-1"]
+
+    # Both legs start a multipart upload, and write it down as they go.
+    opened = {}
+    for host in ("node-0", "node-1"):
+        key = f"{prefix}/{host}-blob"
+        opened[key] = s3.client.create_multipart_upload(Bucket=s3.bucket, Key=key)["UploadId"]
+    legs = [host_legs.LegProgress(replica_id) for _ in opened]
+    for leg, (key, upload_id) in zip(legs, opened.items(), strict=True):
+        leg.tally.started(key, upload_id)
+        leg.flush()
+    assert Replica.objects.get(pk=replica_id).uploads == opened  # both legs', merged
+    # node-0's leg completes its upload (gone from its tally); node-1's is killed.
+    node_0_key = next(iter(opened))
+    s3.client.abort_multipart_upload(Bucket=s3.bucket, Key=node_0_key, UploadId=opened[node_0_key])
+    legs[0].tally.ended(node_0_key)
+    legs[0].flush()
+    left = {k: v for k, v in opened.items() if k != node_0_key}
+    assert Replica.objects.get(pk=replica_id).uploads == left
+    assert len(open_uploads(s3.client, s3.bucket, prefix)) == 1
+
+    # The lease lapses; the next attempt aborts what the dead leg left, then splits.
+    Replica.objects.filter(pk=replica_id).update(lease_until=timezone.now())
+    second = r.claim(replica_id)
+    assert second.stale_uploads == left
+    assert host_legs.fan_out(second) == ["node-0", "node-1"]
+    assert open_uploads(s3.client, s3.bucket, prefix) == []
+    assert Replica.objects.get(pk=replica_id).uploads == {}

@@ -30,8 +30,11 @@ def replicate(replica_id: int) -> str:
         return "busy"
     if _node_local(replica_id):
         # Sent by each host's worker (replication/host_legs.py).
-        host_legs.fan_out(claimed)
-        return "fanned out"
+        def split() -> str:
+            host_legs.fan_out(claimed)
+            return "fanned out"
+
+        return _outcome(claimed, split)
     return _outcome(claimed, lambda: r.record_verified(claimed, r.send(claimed)))
 
 

@@ -9,7 +9,10 @@ hosts. When the last is done, a task on the plain `replicate` queue confirms eve
 object with a HEAD and writes the manifest, last, as for any replica: a manifest on the
 target still means a complete copy.
 
-Each leg renews the replica's lease as it sends. A leg whose host has no worker lets the
+Each leg renews the replica's lease as it sends, and writes its open multipart uploads
+into the replica's `uploads` beside the other legs' (under the row lock), so the next
+attempt aborts what a leg killed mid-upload left before it splits into new legs (any
+worker reaches S3; that needs no host's disk). A leg whose host has no worker lets the
 lease lapse; the sweeper then sends the replica again (a new attempt, new legs), and the
 hosts whose worker is alive skip what they sent; `no worker for host X` is shown meanwhile
 (health/live_workers.py). A leg's failure is the replica's: recorded by replicate.py's
@@ -31,6 +34,7 @@ from webapp.domain.locks import for_update
 from webapp.domain.replication import fanout, targets
 from webapp.domain.replication.replicate import (
     Claim,
+    abort_stale_uploads,
     on_target,
     owned_lock,
     record_verified,
@@ -52,7 +56,15 @@ def host_of_files(checkpoint) -> dict[str, str]:
 
 
 def fan_out(claimed: Claim) -> list[str]:
-    """Split the claimed replica into one leg per host, sent after commit; the hosts."""
+    """Abort the uploads an earlier attempt's legs left open, then split the claimed
+    replica into one leg per host, sent after commit; the hosts. Raises what an abort
+    raises (the attempt is retried)."""
+    from webapp.domain.models import Replica
+
+    if claimed.stale_uploads:
+        replica = Replica.objects.select_related("target").get(pk=claimed.replica_id)
+        client = targets.client_for(replica.target)
+        abort_stale_uploads(client, replica.target.bucket, replica, claimed)
     with transaction.atomic():
         replica = owned_lock(claimed)
         if replica is None:
@@ -73,18 +85,20 @@ def _publish(claimed: Claim, hosts: list[str]) -> None:
         )
 
 
-class _LegProgress:
-    """Adds this leg's bytes to the replica's (other hosts add theirs), and renews the
-    lease, about once a second."""
+class LegProgress:
+    """Adds this leg's bytes to the replica's (other hosts add theirs), writes its open
+    multipart uploads beside theirs, and renews the lease: the uploads as soon as they
+    change, the rest about once a second."""
 
     def __init__(self, replica_id: int):
         self.replica_id = replica_id
         self.tally = fanout.Tally()
         self.written_done = self.written_sent = 0
+        self.ours: set[str] = set()  # the upload keys this leg has written to the row
         self.last = time.monotonic()
 
     def wake(self) -> None:
-        if time.monotonic() - self.last >= 1.0:
+        if self.tally.uploads_changed or time.monotonic() - self.last >= 1.0:
             self.flush()
 
     def flush(self) -> None:
@@ -92,11 +106,21 @@ class _LegProgress:
 
         with self.tally.lock:
             done, sent = self.tally.done, self.tally.sent
-        Replica.objects.filter(pk=self.replica_id).update(
-            bytes_done=F("bytes_done") + (done - self.written_done),
-            bytes_sent=F("bytes_sent") + (sent - self.written_sent),
-            lease_until=timezone.now() + timedelta(seconds=settings.REPLICATION_LEASE_S),
-        )
+            uploads, changed = dict(self.tally.uploads), self.tally.uploads_changed
+            self.tally.uploads_changed = False
+        fields = {
+            "bytes_done": F("bytes_done") + (done - self.written_done),
+            "bytes_sent": F("bytes_sent") + (sent - self.written_sent),
+            "lease_until": timezone.now() + timedelta(seconds=settings.REPLICATION_LEASE_S),
+        }
+        with transaction.atomic():
+            if changed:
+                # Other legs write theirs into the same column: merged under the lock.
+                row = for_update(Replica.objects).only("uploads").get(pk=self.replica_id)
+                others = {k: v for k, v in row.uploads.items() if k not in self.ours}
+                fields["uploads"] = {**others, **uploads}
+                self.ours = set(uploads)
+            Replica.objects.filter(pk=self.replica_id).update(**fields)
         self.written_done, self.written_sent = done, sent
         self.last = time.monotonic()
 
@@ -116,7 +140,7 @@ def send_leg(claimed: Claim, host: str) -> str:
         return "sent"
     mine = host_of_files(replica.checkpoint)
     entries = [e for e in replica.files if mine.get(e["path"]) == host]
-    progress = _LegProgress(replica.pk)
+    progress = LegProgress(replica.pk)
     try:
         send_entries(targets.client_for(replica.target), replica, claimed, entries, progress)
     finally:

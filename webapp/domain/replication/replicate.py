@@ -172,7 +172,7 @@ def _worth_a_look(replica, claimed: Claim):
     return lambda entry: entry["size"] > part or entry["key"] in known
 
 
-def _abort_stale_uploads(client, bucket: str, replica, claimed: Claim) -> None:
+def abort_stale_uploads(client, bucket: str, replica, claimed: Claim) -> None:
     """Parts left by a crashed attempt would be kept (and billed) forever otherwise.
     The uploads that could not be aborted stay on the replica, so the next try
     aborts them again; the first failure is raised (retried)."""
@@ -264,7 +264,7 @@ def send(claimed: Claim) -> dict:
         raise SourceUnavailable(str(exc)) from None  # the same answer on every try
     bucket = target.bucket
 
-    _abort_stale_uploads(client, bucket, replica, claimed)
+    abort_stale_uploads(client, bucket, replica, claimed)
     progress = _Progress(replica.pk)
     try:
         skipped = send_entries(client, replica, claimed, replica.files, progress)
