@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -19,6 +20,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 
 from lifeboat.lightning import LifeboatCallback
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+from examples.lightning_fit import Regression  # noqa: E402 (the example's model)
 
 
 class PerRankSaves(DDPStrategy):
@@ -30,24 +34,9 @@ class PerRankSaves(DDPStrategy):
         self.barrier("saved")
 
 
-class Regression(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(8, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(self.layer(x), y)
-        self.log("train_loss", loss)
-        return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
-
-
 def main() -> int:
     key, folder, layout = sys.argv[1:4]
-    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
     data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
     strategy = PerRankSaves(process_group_backend="gloo") if layout == "sharded" else "ddp"
     trainer = pl.Trainer(
