@@ -134,7 +134,13 @@ def _section(title: str, headers: list[str], rows: list[list], right=()) -> None
 
 
 def _latest(args) -> int:
-    from lifeboat.restore import LatestError, restore_root, restored_copy, usable_copy
+    from lifeboat.restore import (
+        LatestError,
+        restore_root,
+        restored_copy,
+        say_passed_over,
+        usable_copy,
+    )
 
     run = args.run or os.environ.get("LIFEBOAT_RUN")
     if not run:
@@ -144,6 +150,8 @@ def _latest(args) -> int:
     if args.info or (args.json and not args.download):
         _print_json(checkpoint)
         return OK
+    if not args.quiet:
+        say_passed_over(checkpoint)
     rank, world_size = args.rank, args.world_size
     if (rank is None) != (world_size is None):
         raise CommandFailed("--rank and --world-size go together", USAGE)

@@ -158,11 +158,24 @@ def latest(
     if rank is None and parts_from_env():
         rank, world_size = process_rank(), process_world_size()
     answer = latest_info(run, config, checkpoint)
+    if progress:
+        say_passed_over(answer)
     share = rank_share(answer, rank, world_size)
     root = restore_root(config, dest)
     if share is not None:
         return usable_copy(share, run, root, progress, partial=True)
     return usable_copy(answer, run, root, progress)
+
+
+def say_passed_over(answer: dict) -> None:
+    """Name the newer checkpoints the server passed over (quarantined), on stderr."""
+    for skipped in answer.get("passed_over") or []:
+        reason = (skipped.get("quarantine_reason") or "").splitlines()[:1]
+        sys.stderr.write(
+            f"lifeboat: step {skipped['step']} is quarantined"
+            + (f" ({reason[0]})" if reason else "")
+            + f"; using step {answer.get('step')}\n"
+        )
 
 
 def latest_id(run: str | None = None, *, url: str | None = None, token: str | None = None) -> int:

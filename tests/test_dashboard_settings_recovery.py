@@ -166,7 +166,7 @@ def test_an_admin_sets_quota_auto_resume_and_restore_checks_each_audited(project
     response = client.post(
         "/p/alpha/settings/recovery/",
         {"storage_quota_gib": "1.5", "auto_resume_profile": chosen.pk, "max_restarts": 2,
-         "restore_checks": json.dumps(checks)},
+         "quarantine_after": 3, "loop_after": 3, "restore_checks": json.dumps(checks)},
     )  # fmt: skip
     assert response.status_code == 302, response.content.decode()
     project.refresh_from_db()
@@ -178,8 +178,10 @@ def test_an_admin_sets_quota_auto_resume_and_restore_checks_each_audited(project
         "project.storage_quota_bytes_changed": "user:ada",
         "project.auto_resume_profile_changed": "user:ada",
         "project.max_restarts_changed": "user:ada",
+        "project.quarantine_after_changed": "user:ada",
         "project.restore_checks_changed": "user:ada",
     }
+    assert (project.quarantine_after, project.loop_after) == (3, 3)  # loop_after unchanged
     change = Event.objects.get(type="project.max_restarts_changed")
     assert (change.data["old"], change.data["new"]) == (3, 2)
     # The form shows what is set; saving it unchanged writes nothing.
@@ -190,7 +192,7 @@ def test_an_admin_sets_quota_auto_resume_and_restore_checks_each_audited(project
         {"storage_quota_gib": "1.5", "auto_resume_profile": chosen.pk, "max_restarts": 2,
          "restore_checks": json.dumps(checks)},
     )  # fmt: skip
-    assert response.status_code == 302 and Event.objects.count() == 4
+    assert response.status_code == 302 and Event.objects.count() == 5
     # Cleared: no quota, no automatic resume, no deeper checks.
     client.post("/p/alpha/settings/recovery/", {"max_restarts": 2, "restore_checks": ""})
     project.refresh_from_db()

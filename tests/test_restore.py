@@ -185,6 +185,8 @@ def test_a_load_out_of_memory_fails_the_test_and_the_loader_lives_on(big, queues
     assert validation.status == "failed"
     assert validation.message.startswith("Downloaded and verified"), validation.message
     assert "alloc" in validation.message or "Memory" in validation.message, validation.message
+    big.refresh_from_db()
+    assert big.quarantined_at is None  # this worker's memory, not the checkpoint's fault
 
     settings.VALIDATION_MEMORY_BYTES = 8 << 30
     validation = restore(big)

@@ -118,6 +118,11 @@ def test_a_checkpoint_whose_keys_do_not_fit_the_model_fails_forward(
     assert outcome == "failed"
     assert "the forward check failed: the checkpoint does not fit the model" in validation.message
     assert "head.3.weight" in validation.message
+    # Verified bytes that no job could resume from: quarantined at once (docs/restore.md).
+    checkpoint.refresh_from_db()
+    assert checkpoint.status == "verified" and checkpoint.quarantined_at is not None
+    assert checkpoint.quarantine_reason.startswith("its restore test failed: Downloaded")
+    assert checkpoint.run.latest_verified_checkpoint() is None
 
 
 def test_a_failed_run_is_resumed_automatically_at_most_n_times(api, token, project, queues):

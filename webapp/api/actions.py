@@ -116,6 +116,26 @@ def pin(request, checkpoint_id: CheckpointId, body: PinIn | None = None):
     )
 
 
+@router.post(
+    "/checkpoints/{checkpoint_id}/release",
+    auth=operate_auth,
+    response={200: ActionOut, 404: ErrorOut},
+)
+def release(request, checkpoint_id: CheckpointId):
+    """Take a checkpoint out of quarantine: resumes and `latest` may take it again. The
+    release is audited with the reason it was quarantined."""
+    checkpoint = _checkpoint(request, checkpoint_id)
+    released = actions.release(checkpoint, request.auth.actor)
+    return Status(
+        200,
+        {
+            "checkpoint": checkpoint.pk,
+            "status": checkpoint.status,
+            "message": "released from quarantine" if released else "was not quarantined",
+        },
+    )
+
+
 class ReplicateIn(BodyIn):
     target: Name | None = None
 

@@ -186,6 +186,10 @@ class CheckpointOut(Schema):
     verified_at: datetime | None
     # Ranks that each report their part; None when one process reported it whole.
     world_size: int | None
+    # Set aside: resumes from it failed before any progress, or it did not load in a
+    # restore test (docs/restore.md, "Quarantine").
+    quarantined_at: datetime | None
+    quarantine_reason: str
 
     @staticmethod
     def resolve_run(checkpoint: Checkpoint) -> str:
@@ -216,9 +220,27 @@ class CheckpointDetailOut(CheckpointOut):
         return list(checkpoint.validations.order_by("-created_at")[:20])
 
 
+class PassedOverOut(Schema):
+    id: int
+    step: int
+    quarantine_reason: str
+
+
 class LatestOut(CheckpointDetailOut):
     """The newest verified checkpoint and its verified replicas: what a restarting job
-    asks for."""
+    asks for; with the newer verified ones it passed over because they are quarantined."""
+
+    passed_over: list[PassedOverOut]
+
+    @staticmethod
+    def resolve_passed_over(checkpoint: Checkpoint):
+        return list(
+            checkpoint.run.checkpoints.filter(
+                status=CheckpointStatus.VERIFIED,
+                quarantined_at__isnull=False,
+                step__gt=checkpoint.step,
+            ).order_by("-step")[:20]
+        )
 
     @staticmethod
     def resolve_replicas(checkpoint: Checkpoint):

@@ -88,6 +88,20 @@ class RecoveryForm(forms.Form):
         max_value=100,
         help_text="At most this many automatic resumes along one lineage.",
     )
+    quarantine_after = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=100,
+        help_text="Quarantine a checkpoint after this many resumes from it failed before "
+        "any progress; resumes then take the one before it.",
+    )
+    loop_after = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=100,
+        help_text="Stop automatic resumes of a lineage (one alert) after this many "
+        "attempts in a row made no progress.",
+    )
     restore_checks = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 5, "cols": 70, "spellcheck": "false"}),
@@ -121,6 +135,8 @@ def recovery(request):
         ),
         "auto_resume_profile": project.auto_resume_profile_id,
         "max_restarts": project.max_restarts,
+        "quarantine_after": project.quarantine_after,
+        "loop_after": project.loop_after,
         "restore_checks": json.dumps(project.restore_checks, indent=2)
         if project.restore_checks
         else "",
@@ -134,6 +150,9 @@ def recovery(request):
             "storage_quota_bytes": int(quota * GIB) if quota is not None else None,
             "auto_resume_profile": profile.name if profile else None,
             "max_restarts": data["max_restarts"],
+            # Left out (a script posting the older fields only): unchanged.
+            "quarantine_after": data["quarantine_after"] or project.quarantine_after,
+            "loop_after": data["loop_after"] or project.loop_after,
             "restore_checks": data["restore_checks"],
         }
         old = {
@@ -142,6 +161,8 @@ def recovery(request):
             if project.auto_resume_profile_id
             else None,
             "max_restarts": project.max_restarts,
+            "quarantine_after": project.quarantine_after,
+            "loop_after": project.loop_after,
             "restore_checks": project.restore_checks,
         }
         changed = [name for name in new if new[name] != old[name]]
@@ -150,12 +171,16 @@ def recovery(request):
                 project.storage_quota_bytes = new["storage_quota_bytes"]
                 project.auto_resume_profile = profile
                 project.max_restarts = new["max_restarts"]
+                project.quarantine_after = new["quarantine_after"]
+                project.loop_after = new["loop_after"]
                 project.restore_checks = new["restore_checks"]
                 project.save(
                     update_fields=[
                         "storage_quota_bytes",
                         "auto_resume_profile",
                         "max_restarts",
+                        "quarantine_after",
+                        "loop_after",
                         "restore_checks",
                     ]
                 )

@@ -30,6 +30,17 @@ RESUME_POLL_MS = 2000
 
 @require_POST
 @project_view(Role.OPERATOR)
+def checkpoint_release(request, checkpoint_id: int):
+    """Out of quarantine (webapp.domain.actions.release, as the API's POST .../release)."""
+    checkpoint = _get_checkpoint(request, checkpoint_id)
+    if actions.release(checkpoint, actor_of(request)):
+        text = f"Step {checkpoint.step} is released: resumes may start from it again."
+        return _after_action(request, checkpoint, text)
+    return _after_action(request, checkpoint, f"Step {checkpoint.step} was not quarantined.")
+
+
+@require_POST
+@project_view(Role.OPERATOR)
 def checkpoint_restore_test(request, checkpoint_id: int):
     """Queue a restore test, unless one is already queued or running (then say so)."""
     checkpoint = _get_checkpoint(request, checkpoint_id)

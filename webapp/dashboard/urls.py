@@ -32,6 +32,11 @@ urlpatterns = [
         name="checkpoint-pin",
     ),
     path(
+        "p/<slug:slug>/checkpoints/<int:checkpoint_id>/release/",
+        recovery_views.checkpoint_release,
+        name="checkpoint-release",
+    ),
+    path(
         "p/<slug:slug>/checkpoints/<int:checkpoint_id>/replicate/",
         views.checkpoint_replicate,
         name="checkpoint-replicate",

@@ -153,7 +153,8 @@ def runs(request):
 def _checkpoint_table(request, run) -> dict:
     checkpoints = run.checkpoints.order_by("-step").only(
         "id", "step", "epoch", "status", "status_message", "pinned", "total_size",
-        "file_count", "saved_at", "save_seconds", "location", "run_id",
+        "file_count", "saved_at", "save_seconds", "location", "run_id", "quarantined_at",
+        "quarantine_reason",
     )  # fmt: skip
     paginator = Paginator(checkpoints, CHECKPOINTS_PER_PAGE)
     # The count the triggers keep (RunStats), instead of COUNT(*) over 100,000 rows.

@@ -4,6 +4,7 @@ same audit Event and publish the same task:
 
     validate(checkpoint, actor) -> Requested
     pin(checkpoint, actor, pinned=True) -> bool (changed)
+    release(checkpoint, actor) -> bool (it was quarantined)
     restore_test(checkpoint, actor) -> Requested
     replicate(checkpoint, actor, target=None) -> list of replica ids queued
     resume(checkpoint, profile, actor, user=None) -> Resume
@@ -14,7 +15,7 @@ The caller finds the row in its own project first (a row of another project is s
 not found); an action that cannot apply raises ActionRefused with the reason (NoSuchTarget
 for replicate's unknown target)."""
 
-from webapp.domain.actions.checkpoints import pin, replicate, restore_test, validate
+from webapp.domain.actions.checkpoints import pin, release, replicate, restore_test, validate
 from webapp.domain.actions.common import ActionRefused, NoSuchTarget, Requested
 from webapp.domain.actions.resumes import cancel_resume, resume
 from webapp.domain.actions.retention import apply_retention
@@ -26,6 +27,7 @@ __all__ = [
     "apply_retention",
     "cancel_resume",
     "pin",
+    "release",
     "replicate",
     "restore_test",
     "resume",

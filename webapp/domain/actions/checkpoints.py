@@ -69,6 +69,15 @@ def pin(checkpoint: Checkpoint, actor: str, pinned: bool = True) -> bool:
     return True
 
 
+def release(checkpoint: Checkpoint, actor: str) -> bool:
+    """Take a checkpoint out of quarantine (recovery/quarantine.py): resumes, `latest`
+    and automatic resume may take it again. Returns whether it was quarantined; the
+    release is audited with the reason it had."""
+    from webapp.domain.recovery import quarantine
+
+    return quarantine.release(checkpoint, actor)
+
+
 def restore_test(checkpoint: Checkpoint, actor: str) -> Requested:
     """Queue a restore test (download from a verified replica, load, time each phase),
     or name the one already queued or running. Raises ActionRefused without a verified

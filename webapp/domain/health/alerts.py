@@ -50,6 +50,8 @@ SEVERITY_ICON = {
     "storage.over_quota": "🟠",
     "checkpoint.incomplete": "🔴",
     "host.no_worker": "🔴",
+    "checkpoint.quarantined": "🔴",
+    "run.restart_loop": "🔴",
     "run.up": "🟢",
 }
 
@@ -168,9 +170,12 @@ def check_runs(now=None) -> list:
 
 
 def _auto_resume(run, reason: str) -> None:
-    from webapp.domain.recovery import auto_resume
+    from webapp.domain.recovery import auto_resume, quarantine
 
     try:
+        if reason == "failed":
+            # Before the resume: a checkpoint quarantined now is not the one it takes.
+            quarantine.note_failed_run(run)
         auto_resume.maybe_auto_resume(run, reason)
     except Exception:  # noqa: BLE001 (the alert stands even if the resume cannot start)
         log.exception("automatic resume of run %s failed", run.pk)

@@ -23,6 +23,11 @@ class AlertKind(models.TextChoices):
     STORAGE_OVER_QUOTA = "storage.over_quota", "Storage over the project's quota"
     CHECKPOINT_INCOMPLETE = "checkpoint.incomplete", "Checkpoint incomplete (a rank never reported)"
     HOST_NO_WORKER = "host.no_worker", "No worker for a host's node-local checkpoints"
+    CHECKPOINT_QUARANTINED = (
+        "checkpoint.quarantined",
+        "Checkpoint quarantined (resumes from it fail)",
+    )
+    RUN_RESTART_LOOP = "run.restart_loop", "Automatic resumes stopped: no progress"
 
 
 class ChannelKind(models.TextChoices):

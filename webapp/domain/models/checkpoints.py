@@ -51,16 +51,18 @@ LOCAL_COPY_LOST = (
 
 def resumable_q() -> models.Q:
     """THE rule of what a run can be resumed from, as a filter on checkpoints: verified
-    here, or its local copy lost and a replica verified. resume.request() refuses what
-    it excludes; the dashboard's pages, buttons and "latest verified" use it too."""
+    here, or its local copy lost and a replica verified; and not quarantined.
+    resume.request() refuses what it excludes; the dashboard's pages, buttons and
+    "latest verified" use it too."""
     from django.db.models import Exists, OuterRef
 
     from webapp.domain.models.recovery import Replica, ReplicaStatus
 
     replica = Replica.objects.filter(checkpoint=OuterRef("pk"), status=ReplicaStatus.VERIFIED)
-    return models.Q(status=CheckpointStatus.VERIFIED) | models.Q(
+    usable = models.Q(status=CheckpointStatus.VERIFIED) | models.Q(
         models.Q(status__in=LOCAL_COPY_LOST), Exists(replica)
     )
+    return usable & models.Q(quarantined_at__isnull=True)
 
 
 class Checkpoint(models.Model):
@@ -96,6 +98,11 @@ class Checkpoint(models.Model):
     # When a validation task was last put on the queue; None while none is known to be.
     validation_enqueued_at = models.DateTimeField(null=True, blank=True)
     verified_at = models.DateTimeField(null=True, blank=True)
+    # Set when resumes from it kept failing before any progress, or a restore test could
+    # not load it (recovery/quarantine.py): no resume, `latest` or auto-resume takes it
+    # until an operator releases it. A database default too: ingest inserts rows in SQL.
+    quarantined_at = models.DateTimeField(null=True, blank=True)
+    quarantine_reason = models.TextField(blank=True, default="", db_default="")
     deleted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -161,6 +168,11 @@ class Checkpoint(models.Model):
         """Why this checkpoint cannot be resumed from ("" when it can), by resumable_q()."""
         if Checkpoint.objects.filter(pk=self.pk).filter(resumable_q()).exists():
             return ""
+        if self.quarantined_at is not None:
+            return (
+                f"step {self.step} is quarantined ({self.quarantine_reason.splitlines()[0]}); "
+                "an operator can release it"
+            )
         status = self.get_status_display().lower()
         if self.status in LOCAL_COPY_LOST:
             return (

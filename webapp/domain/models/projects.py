@@ -81,6 +81,11 @@ class Project(models.Model):
         "domain.LaunchProfile", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     max_restarts = models.PositiveIntegerField(default=3)
+    # recovery/quarantine.py: a checkpoint is quarantined after this many resumes from it
+    # failed before any progress; a lineage's automatic resumes stop after this many
+    # attempts in a row made no progress (a restart loop).
+    quarantine_after = models.PositiveIntegerField(default=2, db_default=2)
+    loop_after = models.PositiveIntegerField(default=3, db_default=3)
     # Status badges (webapp/domain/health/badges.py) are served without a token at URLs that
     # carry this key; an admin regenerates it to retire every URL given out so far.
     badge_key = models.CharField(max_length=32, unique=True, default=new_badge_key)

@@ -187,7 +187,11 @@ class Run(models.Model):
     def latest_verified_checkpoint(self):
         from webapp.domain.models.checkpoints import CheckpointStatus
 
-        return self.checkpoints.filter(status=CheckpointStatus.VERIFIED).order_by("-step").first()
+        return (
+            self.checkpoints.filter(status=CheckpointStatus.VERIFIED, quarantined_at__isnull=True)
+            .order_by("-step")
+            .first()
+        )
 
     def latest_resumable_checkpoint(self):
         """The newest checkpoint a resume can start from (checkpoints.resumable_q)."""

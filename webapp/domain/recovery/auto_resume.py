@@ -7,6 +7,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from webapp.domain.locks import for_update
+from webapp.domain.recovery import quarantine
 from webapp.domain.recovery import resume as resumes
 
 
@@ -43,6 +44,9 @@ def maybe_auto_resume(run, reason: str):
     if profile is None:
         return None
     chain = lineage(run)
+    if loop := quarantine.restart_loop(chain, project):
+        _stop_loop(run, chain, loop)
+        return None
     used = Resume.objects.filter(run__in=chain, automatic=True).count()
     checkpoint = latest_resumable(chain)
     if checkpoint is None or used >= project.max_restarts:
@@ -76,3 +80,21 @@ def maybe_auto_resume(run, reason: str):
             f"with profile {profile.name}, {used + 1} of {project.max_restarts}"
         )
     return resume
+
+
+def _stop_loop(run, chain, why: str) -> None:
+    """Automatic resume stops for this lineage: recorded on the run, one alert for the
+    lineage's first run (later failures in the same loop add none)."""
+    from webapp.domain.health import alerts
+    from webapp.domain.models import Event
+
+    message = f"Not resuming {run.key} automatically: a restart loop, {why}."
+    Event.record("resume.skipped", run=run, actor="system", message=message)
+    root = chain[-1]
+    alerts.record(
+        "run.restart_loop",
+        f"run.restart_loop:{root.pk}",
+        f"Automatic resumes of {root.key} stopped: {why}. Resume by hand once the cause is fixed.",
+        project_id=run.project_id,
+        run_id=run.pk,
+    )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import time
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 
 GPU_WORKER_KEY = "lifeboat:gpu-worker:"
 LOADER_MODULE = "webapp.domain.recovery.restore_load"
+# A load that ran out of memory (the CPU allocator's, CUDA's, Python's).
+_OUT_OF_MEMORY = re.compile(r"MemoryError|out of memory|can't allocate|alloc", re.I)
 
 
 # -- where it runs ---------------------------------------------------------------------------
@@ -190,6 +193,19 @@ def _finish(validation, status: str, message: str, timings: dict, findings=None,
     return status
 
 
+def _unloadable(validation, message: str, timings: dict, **extra) -> str:
+    """Verified bytes that do not load (or fail the project's deeper checks): the test
+    fails, and the checkpoint is quarantined at once, so no resume starts from it."""
+    from webapp.domain.models.recovery import ValidationStatus
+    from webapp.domain.recovery import quarantine
+
+    status = _finish(validation, ValidationStatus.FAILED, message, timings, **extra)
+    quarantine.quarantine(
+        validation.checkpoint, f"its restore test failed: {message}", actor="restore test"
+    )
+    return status
+
+
 def _alert(validation, message: str) -> None:
     try:
         from webapp.domain.health import alerts
@@ -316,6 +332,8 @@ def _restore_and_load(validation, replica, scratch: Path) -> str:
     try:
         loaded = _child_load(scratch, files)
     except (OSError, RuntimeError, ValueError) as exc:
+        # The loader itself broke (out of memory, a child that died): not the bytes'
+        # verdict, so no quarantine.
         return _finish(
             validation, ValidationStatus.FAILED,
             f"Downloaded and verified, but loading failed: {exc}", timings,
@@ -327,14 +345,17 @@ def _restore_and_load(validation, replica, scratch: Path) -> str:
     timings["peak_device_bytes"] = loaded["peak_device_bytes"]
     type(validation).objects.filter(pk=validation.pk).update(bytes_done=total)
     if loaded["error"]:
-        return _finish(
-            validation,
-            ValidationStatus.FAILED,
+        message = (
             f"Downloaded and verified from {replica.target.name}, but it does not load: "
-            f"{loaded['error']}",
-            timings,
-            device=loaded["device"],
+            f"{loaded['error']}"
         )
+        if _OUT_OF_MEMORY.search(loaded["error"]):
+            # As much about this worker as about the checkpoint: failed, not quarantined
+            # (a worker with more memory may load it).
+            return _finish(
+                validation, ValidationStatus.FAILED, message, timings, device=loaded["device"]
+            )
+        return _unloadable(validation, message, timings, device=loaded["device"])
     try:
         levels = restore_checks.deep_levels(validation, scratch, files, timings)
     except RunAsRefused as exc:
@@ -345,9 +366,8 @@ def _restore_and_load(validation, replica, scratch: Path) -> str:
         )  # fmt: skip
     failed = [level for level in levels if not level["ok"]]
     if failed:
-        return _finish(
+        return _unloadable(
             validation,
-            ValidationStatus.FAILED,
             "Downloaded, verified and loaded, but "
             + "; ".join(f"the {lv['level']} check failed: {lv['message']}" for lv in failed),
             timings,
