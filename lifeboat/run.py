@@ -262,8 +262,14 @@ class Run:
     def _on_signal(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         # Schedulers send these before preemption or at the time limit: record it while
-        # the process still can, then behave as the program would have without us.
-        self.fail(f"received {name} (preempted or cancelled by the scheduler?)", 128 + signum)
+        # the process still can (run.preempted: not a failure, docs/client.md), then
+        # behave as the program would have without us.
+        self._close(
+            "run.preempted",
+            signal=name,
+            exit_code=128 + signum,
+            error=f"received {name} (preempted, the time limit near, or cancelled)",
+        )
         previous = self._previous_handlers.get(signum, signal.SIG_DFL)
         if callable(previous):
             previous(signum, frame)

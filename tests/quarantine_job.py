@@ -1,6 +1,7 @@
 """A training job for tests/test_quarantine.py, reporting to Lifeboat with the real client.
 
     python tests/quarantine_job.py --fresh CKPT_DIR      saves steps 10 and 20, then dies
+                                   [--then-wait]         (or waits for a signal)
     python tests/quarantine_job.py --step N --bad B      resumed from step N (as launched
                                                          by a resume): dies right after
                                                          loading when N is B (or B is
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -28,8 +30,9 @@ def main() -> int:
     parser.add_argument("--fresh", metavar="CKPT_DIR")
     parser.add_argument("--step", type=int)
     parser.add_argument("--bad", default="")
+    parser.add_argument("--then-wait", action="store_true")
     args = parser.parse_args()
-    with lifeboat.Run(handle_signals=False) as run:
+    with lifeboat.Run() as run:
         if args.fresh:
             for step in (10, 20):
                 path = Path(args.fresh) / f"step-{step}.pt"
@@ -37,6 +40,9 @@ def main() -> int:
                 torch.save({"w": torch.full((4,), float(step))}, path)
                 run.log(step, loss=1.0 / step)
                 run.checkpoint(path, step=step).wait(30)
+            if args.then_wait:  # until the scheduler's signal (run.preempted)
+                print("saved, waiting", flush=True)
+                time.sleep(300)
             raise RuntimeError("the node was lost")
         if args.bad in (str(args.step), "all"):
             raise FloatingPointError(f"loss is nan right after loading step {args.step}")

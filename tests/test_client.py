@@ -214,7 +214,7 @@ def test_a_full_spool_drops_heartbeats_first_and_says_so(tmp_path, caplog):
     assert 2_000 < spool.stats()["bytes"] <= 4_000
 
 
-def test_sigterm_records_the_run_as_failed_and_still_dies(server, token, tmp_path):
+def test_sigterm_records_the_run_as_preempted_and_still_dies(server, token, tmp_path):
     env = {
         "LIFEBOAT_URL": server.url,
         "LIFEBOAT_TOKEN": token,
@@ -234,8 +234,12 @@ def test_sigterm_records_the_run_as_failed_and_still_dies(server, token, tmp_pat
     assert job.stdout.readline().strip() == "ready"
     job.send_signal(signal.SIGTERM)
     assert job.wait(30) == -signal.SIGTERM
-    run = wait_for(lambda: Run.objects.filter(key="job-t", status="failed").first())
+    # The scheduler's signal: a preemption, not a failure (no run.failed alert, not in
+    # the MTBF; docs/restore.md).
+    run = wait_for(lambda: Run.objects.filter(key="job-t", status="preempted").first())
     assert "SIGTERM" in run.error and run.exit_code == 128 + signal.SIGTERM
+    saved = Event.objects.get(run=run, type="run.preempted")
+    assert saved.data["signal"] == "SIGTERM"
 
 
 def test_an_exception_in_the_training_loop_fails_the_run_with_its_traceback(

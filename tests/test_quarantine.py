@@ -3,18 +3,21 @@ jobs: tests/quarantine_job.py launched by automatic resumes through the `local` 
 reporting to a live Lifeboat with the real client. A checkpoint that jobs die right
 after loading is quarantined, and the next resume falls back to the one before; a job
 that fails the same way whatever it resumes from stops after the project's number of
-attempts, with one alert; a restore test that cannot load a checkpoint quarantines it."""
+attempts, with one alert; a Slurm job preempted by the scheduler's signal is resumed
+without counting as a failure."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for
 from tests.test_resume import follow_until_done
+from tests.test_slurm import slurm_cluster  # noqa: F401 (a fixture, asked for by name)
 from webapp.domain.health import alerts
 from webapp.domain.models import Checkpoint, Event, LaunchProfile, Resume, Run
 from webapp.domain.models.alerts import Flip
@@ -27,27 +30,15 @@ JOB = ROOT / "tests" / "quarantine_job.py"
 
 
 @pytest.fixture
-def job(server, token, project, tmp_path, settings):
-    """A run that saved steps 10 and 20 (both verified) and died; automatic resume on,
-    with the `local` profile launching the job again from a checkpoint, failing right
-    after loading the steps named by bad()."""
+def launcher(server, project, tmp_path, settings):
+    """Automatic resume through the `local` profile, launching tests/quarantine_job.py
+    from a checkpoint: profile(bad) makes it fail right after loading the steps `bad`
+    names (a step, "all", or "none")."""
     settings.VAR_DIR = tmp_path / "var"
     settings.LAUNCH_LIFEBOAT_URL = server.url
     project.allowed_roots = [str(tmp_path / "ckpt")]
     project.max_restarts, project.quarantine_after, project.loop_after = 6, 2, 3
     project.save()
-    env = {"LIFEBOAT_URL": server.url, "LIFEBOAT_TOKEN": token, "LIFEBOAT_RUN": "train",
-           "LIFEBOAT_SPOOL_DIR": str(tmp_path / "spool"), "PATH": "/usr/bin:/bin"}  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, str(JOB), "--fresh", str(tmp_path / "ckpt" / "train")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 1 and "the node was lost" in done.stderr, done.stderr
-    for checkpoint in Checkpoint.objects.filter(run__key="train"):
-        validate_checkpoint(checkpoint.pk)
-    assert set(Checkpoint.objects.values_list("step", "status")) == {
-        (10, "verified"), (20, "verified")
-    }  # fmt: skip
 
     def profile(bad: str) -> None:
         template = (
@@ -61,6 +52,25 @@ def job(server, token, project, tmp_path, settings):
         project.save()
 
     return profile
+
+
+@pytest.fixture
+def job(launcher, server, token, tmp_path):
+    """A run `train` that saved steps 10 and 20 (both verified) and died; `launcher`'s
+    profile(bad) to call."""
+    env = {"LIFEBOAT_URL": server.url, "LIFEBOAT_TOKEN": token, "LIFEBOAT_RUN": "train",
+           "LIFEBOAT_SPOOL_DIR": str(tmp_path / "spool"), "PATH": "/usr/bin:/bin"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(JOB), "--fresh", str(tmp_path / "ckpt" / "train")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1 and "the node was lost" in done.stderr, done.stderr
+    for checkpoint in Checkpoint.objects.filter(run__key="train"):
+        validate_checkpoint(checkpoint.pk)
+    assert set(Checkpoint.objects.values_list("step", "status")) == {
+        (10, "verified"), (20, "verified")
+    }  # fmt: skip
+    return launcher
 
 
 def sweep_until_settled(rounds: int = 8) -> list[Resume]:
@@ -144,3 +154,55 @@ def test_a_job_that_always_fails_stops_after_n_attempts_with_one_alert(job, api,
     again = api.post(token, f"/checkpoints/{step_20.pk}/release")
     assert again.json()["message"] == "was not quarantined"
     assert Event.objects.get(type="checkpoint.released").actor.startswith("token:")
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+def test_a_slurm_job_preempted_by_a_signal_is_resumed_and_not_counted_as_a_failure(
+    launcher, server, token, project, tmp_path, settings
+):
+    from webapp.domain.health import analytics
+    from webapp.domain.launch import slurm
+
+    # A Slurm job reports steps 10 and 20 and trains on; the scheduler's USR1 (the time
+    # limit near, --signal=B:USR1@...) reaches it: the client records run.preempted.
+    env = {**os.environ, "LIFEBOAT_URL": server.url, "LIFEBOAT_TOKEN": token,
+           "LIFEBOAT_RUN": "slurm-train",
+           "LIFEBOAT_SPOOL_DIR": str(tmp_path / "spool")}  # fmt: skip
+    log = tmp_path / "job.log"
+    command = (
+        f"exec {shlex.quote(sys.executable)} {shlex.quote(str(JOB))} --then-wait "
+        f"--fresh {shlex.quote(str(tmp_path / 'ckpt' / 'slurm-train'))}"
+    )
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--output={log}", f"--chdir={ROOT}", "--wrap", command],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    slurm_job = submitted.stdout.strip().split(";")[0]
+    try:
+        wait_for(lambda: "saved, waiting" in (log.read_text() if log.exists() else ""), 90)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", slurm_job], check=True, timeout=30)
+        slurm.wait(slurm_job, timeout=60, interval=0.5)
+    finally:
+        slurm.cancel(slurm_job)
+    run = wait_for(lambda: Run.objects.filter(key="slurm-train", status="preempted").first(), 30)
+    assert run.exit_code == 128 + 10 and "SIGUSR1" in run.error, log.read_text()
+    for checkpoint in Checkpoint.objects.filter(run=run):
+        validate_checkpoint(checkpoint.pk)
+
+    # Resumed by Lifeboat once it has not come back by itself; max_restarts 0 and still
+    # resumed: a preemption is not counted, and raises no run.failed alert.
+    launcher(bad="none")
+    project.max_restarts = 0
+    project.save()
+    settings.AUTO_RESUME_PREEMPTED_AFTER_S = 0
+    (resume,) = sweep_until_settled()
+    assert resume.automatic and resume.after_preemption and resume.checkpoint.step == 20
+    assert resume.status == "succeeded", resume.error
+    assert not Flip.objects.filter(kind="run.failed").exists()
+    requested = Event.objects.get(type="resume.requested")
+    assert "after a preemption, not counted" in requested.message
+    # Kept apart in the MTBF.
+    _, failures, seen = analytics.project_mtbf(project)
+    assert failures == 0 and Run.objects.filter(status="preempted").count() == 1
+    alerts.check_runs()
+    assert Resume.objects.count() == 1  # once

@@ -284,6 +284,9 @@ LAUNCH_LOCAL_SAME_USER = env_bool("LAUNCH_LOCAL_SAME_USER", False)
 # unfinished at once, and this many requested in any hour; beyond, a resume.skipped event.
 AUTO_RESUME_MAX_ACTIVE = env_int("AUTO_RESUME_MAX_ACTIVE", 3, minimum=0)
 AUTO_RESUME_MAX_PER_HOUR = env_int("AUTO_RESUME_MAX_PER_HOUR", 10, minimum=0)
+# A preempted run (run.preempted) is resumed automatically only if it has not come back by
+# itself (a Slurm requeue restarts the same run key) within this many seconds.
+AUTO_RESUME_PREEMPTED_AFTER_S = env_int("AUTO_RESUME_PREEMPTED_AFTER_S", 300, minimum=0)
 
 # --- Alerts (webapp/domain/health/alerts.py) ---------------------------------------------------
 # Links in alerts point here.

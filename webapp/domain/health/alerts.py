@@ -139,6 +139,8 @@ def check_runs(now=None) -> list:
             if claim_state(run, "overdue"):
                 flips.append(_overdue_flip(run, now, silent))
                 _auto_resume(run, "silent")
+        elif run.alert_state == "preempted":
+            claim_state(run, "")  # back by itself (a requeue): a later preemption counts
         elif not overdue and run.alert_state == "overdue" and claim_state(run, "up"):
             flips.append(
                 record(
@@ -163,6 +165,13 @@ def check_runs(now=None) -> list:
                 )
             )
             _auto_resume(run, "failed")
+    # Preempted and not back by itself (a requeue starts the same key again): resumed,
+    # without an alert (not a failure) and not counted against max_restarts.
+    settled = now - timedelta(seconds=settings.AUTO_RESUME_PREEMPTED_AFTER_S)
+    preempted = Run.objects.filter(status=RunStatus.PREEMPTED, ended_at__lte=settled)
+    for run in preempted.exclude(alert_state="preempted"):
+        if claim_state(run, "preempted"):
+            _auto_resume(run, "preempted")
     Run.objects.filter(status=RunStatus.FINISHED).exclude(alert_state="ended").update(
         alert_state="ended"
     )

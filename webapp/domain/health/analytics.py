@@ -116,11 +116,16 @@ def project_mtbf(project, now=None) -> tuple[float | None, int, str]:
         Coalesce(F("ended_at"), Value(now)) - F("started_at"), output_field=DurationField()
     )
     totals = Run.objects.filter(project=project, started_at__isnull=False).aggregate(
-        time=Sum(running_time), failures=Count("pk", filter=Q(status="failed"))
+        time=Sum(running_time),
+        failures=Count("pk", filter=Q(status="failed")),
+        # Kept apart: a scheduler's preemption says nothing of how often jobs fail.
+        preempted=Count("pk", filter=Q(status="preempted")),
     )
     total = totals["time"].total_seconds() if totals["time"] else 0.0
     failures = totals["failures"]
     seen = f"{failures} failed run{'' if failures == 1 else 's'} over {total / 3600:.1f} h"
+    if totals["preempted"]:
+        seen += f" ({totals['preempted']} preempted, not counted as failures)"
     need_failures, need_hours = mtbf_minimums()
     if not failures:
         return (

@@ -33,7 +33,7 @@ from django.db.models import Count, Exists, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-ORDER = ("failed", "overdue", "late", "up", "running", "finished", "none")
+ORDER = ("failed", "overdue", "late", "preempted", "up", "running", "finished", "none")
 
 
 def name_key(badge_key: str, kind: str, name: str) -> str:
@@ -57,6 +57,7 @@ COLOURS = {
     "failed": "#e05d44",
     "overdue": "#e05d44",
     "late": "#fe7d37",
+    "preempted": "#dfb317",
     "up": "#44cc11",
     "running": "#007ec6",
     "finished": "#9f9f9f",
@@ -68,8 +69,8 @@ def state_of(status: str, health: str) -> str:
     """A run's badge state from its status and its Health value."""
     if status == "failed":
         return "failed"
-    if status == "finished":
-        return "finished"
+    if status in ("finished", "preempted"):
+        return status
     return health if health in ("up", "late", "overdue") else "running"
 
 
@@ -120,7 +121,7 @@ def for_runs(project, tag: str | None = None, now=None) -> Badge:
     runs = (
         runs.alias(ended_or_seen=ended, was_resumed=resumed)
         .filter(Q(status=RunStatus.RUNNING) | Q(ended_or_seen__gte=since))
-        .exclude(status=RunStatus.FAILED, was_resumed=True)
+        .exclude(status__in=(RunStatus.FAILED, RunStatus.PREEMPTED), was_resumed=True)
         .with_health(now)
     )
     counts: dict[str, int] = {}

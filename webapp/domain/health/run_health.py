@@ -37,7 +37,7 @@ def annotate(queryset, now=None):
     Adds `last_checkpoint_at` itself unless the queryset has it already: from RunStats,
     which triggers keep (webapp/domain/models/runs.py), so that filtering 10,000 runs by
     health reads no checkpoint."""
-    from webapp.domain.models.runs import Health, RunStatus, SecondsBetween
+    from webapp.domain.models.runs import ENDED, Health, SecondsBetween
 
     now = now or timezone.now()
     if "last_checkpoint_at" not in queryset.query.annotations:
@@ -50,7 +50,7 @@ def annotate(queryset, now=None):
             Value(now, output_field=models.DateTimeField()), F("health_since")
         ),
         health=Case(
-            When(status__in=(RunStatus.FINISHED, RunStatus.FAILED), then=Value(Health.ENDED)),
+            When(status__in=ENDED, then=Value(Health.ENDED)),
             When(
                 Q(expected_interval_s__isnull=True) | Q(expected_interval_s__lte=0),
                 then=Value(Health.UNKNOWN),
@@ -68,11 +68,9 @@ def watched(queryset):
     same rule as annotate()'s first two cases, said as plain conditions, so that a filter
     on one of those healths skips the other runs before the health of each is computed
     (the project page filtered to overdue runs, bench/pages.py)."""
-    from webapp.domain.models.runs import RunStatus
+    from webapp.domain.models.runs import ENDED
 
-    return queryset.exclude(status__in=(RunStatus.FINISHED, RunStatus.FAILED)).filter(
-        expected_interval_s__gt=0
-    )
+    return queryset.exclude(status__in=ENDED).filter(expected_interval_s__gt=0)
 
 
 def api_state(health: str) -> str:

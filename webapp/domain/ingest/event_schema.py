@@ -34,6 +34,7 @@ EVENT_TYPES = (
     "checkpoint.failed",
     "run.finished",
     "run.failed",
+    "run.preempted",
     "metrics",
 )
 CHECKPOINT_TYPES = ("checkpoint.started", "checkpoint.saved", "checkpoint.failed")
@@ -262,6 +263,16 @@ class RunFailed(_Event):
     error: Annotated[StrictStr, Field(max_length=10_000)] = ""
 
 
+class RunPreempted(_Event):
+    """The scheduler stopped the job (a preemption, the time limit near, a requeue):
+    not a failure; the client sends it on SIGTERM and SIGUSR1."""
+
+    type: Literal["run.preempted"]
+    signal: Annotated[StrictStr, Field(max_length=32)] = ""
+    exit_code: Int32 | None = None
+    error: Annotated[StrictStr, Field(max_length=10_000)] = ""
+
+
 class MetricPointIn(BaseModel):
     step: Step
     values: Metrics
@@ -280,6 +291,7 @@ MODELS: dict[str, type[_Event]] = {
     "checkpoint.failed": CheckpointFailed,
     "run.finished": RunFinished,
     "run.failed": RunFailed,
+    "run.preempted": RunPreempted,
     "metrics": MetricsEvent,
 }
 
@@ -291,6 +303,7 @@ AnyEvent = Annotated[
     | CheckpointFailed
     | RunFinished
     | RunFailed
+    | RunPreempted
     | MetricsEvent,
     Field(discriminator="type"),
 ]

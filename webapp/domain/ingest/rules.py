@@ -115,6 +115,9 @@ class Applier(PartsFolding):
     def _on_run_failed(self, run: Run, event) -> None:
         self._end(run, event, RunStatus.FAILED)
 
+    def _on_run_preempted(self, run: Run, event) -> None:
+        self._end(run, event, RunStatus.PREEMPTED)
+
     def _end(self, run: Run, event, status: str) -> None:
         if run.started_at is not None and event.time < run.started_at:
             return  # the end of an earlier attempt, arriving after the next start

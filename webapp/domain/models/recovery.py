@@ -217,6 +217,8 @@ class Resume(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
     )
     automatic = models.BooleanField(default=False)
+    # Automatic, after the scheduler preempted the run: not counted against max_restarts.
+    after_preemption = models.BooleanField(default=False, db_default=False)
     command = models.TextField(blank=True)
     external_id = models.CharField(max_length=100, blank=True)
     status = models.CharField(

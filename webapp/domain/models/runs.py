@@ -16,6 +16,11 @@ class RunStatus(models.TextChoices):
     RUNNING = "running", "Running"
     FINISHED = "finished", "Finished"
     FAILED = "failed", "Failed"
+    # Stopped by its scheduler (run.preempted): not a failure (docs/restore.md).
+    PREEMPTED = "preempted", "Preempted"
+
+
+ENDED = (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.PREEMPTED)
 
 
 class Health(models.TextChoices):
@@ -174,7 +179,7 @@ class Run(models.Model):
 
     @property
     def is_final(self) -> bool:
-        return self.status in (RunStatus.FINISHED, RunStatus.FAILED)
+        return self.status in ENDED
 
     def health(self, now=None) -> str:
         """up / late / overdue against expected_interval_s (see Health), measured from

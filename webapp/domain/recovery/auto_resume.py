@@ -47,12 +47,14 @@ def maybe_auto_resume(run, reason: str):
     if loop := quarantine.restart_loop(chain, project):
         _stop_loop(run, chain, loop)
         return None
-    used = Resume.objects.filter(run__in=chain, automatic=True).count()
+    preempted = reason == "preempted"
+    used = Resume.objects.filter(run__in=chain, automatic=True, after_preemption=False).count()
     checkpoint = latest_resumable(chain)
-    if checkpoint is None or used >= project.max_restarts:
+    spent = used >= project.max_restarts and not preempted
+    if checkpoint is None or spent:
         why = (
             f"it was resumed automatically {used} times already (max {project.max_restarts})"
-            if used >= project.max_restarts
+            if spent
             else "no verified checkpoint to resume from"
         )
         Event.record(
@@ -75,9 +77,16 @@ def maybe_auto_resume(run, reason: str):
                 message=f"Not resuming {run.key} automatically: {why}.",
             )  # fmt: skip
             return None
+        count = (
+            "after a preemption, not counted"
+            if preempted
+            else f"{used + 1} of {project.max_restarts}"
+        )
+        if preempted:
+            Resume.objects.filter(pk=resume.pk).update(after_preemption=True)
         Event.objects.filter(type="resume.requested", data__resume=resume.pk).update(
             message=f"Automatic resume ({reason}) from step {checkpoint.step} "
-            f"with profile {profile.name}, {used + 1} of {project.max_restarts}"
+            f"with profile {profile.name}, {count}"
         )
     return resume
 
