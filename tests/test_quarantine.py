@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from django.urls import reverse
 
 from tests.conftest import ROOT, wait_for
 from tests.test_resume import follow_until_done
@@ -120,6 +121,8 @@ def test_a_checkpoint_jobs_die_on_is_quarantined_and_the_resume_falls_back(
     assert "Quarantined" in page and "loss is nan right after loading step 20" in page
     assert "Release from quarantine" not in page
     assert client.post(f"{page_url}release/").status_code == 403
+    run_page = client.get(reverse("dashboard:run", args=[project.slug, "train"])).content
+    assert b"Quarantined" in run_page  # the step's badge in the run's list
     # An operator releases it, audited; it is the latest again.
     client.force_login(operator)
     assert "Release from quarantine" in client.get(page_url).content.decode()
@@ -138,7 +141,7 @@ def test_a_job_that_always_fails_stops_after_n_attempts_with_one_alert(job, api,
         (20, "failed"), (20, "failed"), (10, "failed")
     ]  # fmt: skip
     (loop,) = Flip.objects.filter(kind="run.restart_loop")
-    assert "last 3 automatic resumes (from steps 20, 20, 10) each failed" in loop.message
+    assert "last 3 automatic resumes (from steps 20, 20, 10) each ended" in loop.message
     assert "same error" not in loop.message  # step 20's and step 10's texts differ
     skipped = Event.objects.filter(type="resume.skipped").latest("pk")
     assert "restart loop" in skipped.message
@@ -206,3 +209,21 @@ def test_a_slurm_job_preempted_by_a_signal_is_resumed_and_not_counted_as_a_failu
     assert failures == 0 and Run.objects.filter(status="preempted").count() == 1
     alerts.check_runs()
     assert Resume.objects.count() == 1  # once
+
+
+def test_a_job_claiming_resumed_from_cannot_quarantine_a_checkpoint(job, api, token):
+    # An ingest token (in every job's environment) reports runs that say they resumed
+    # from step 20 and fail at once: only Lifeboat's own resumes count against it.
+    from tests.conftest import event
+
+    step_20 = Checkpoint.objects.get(step=20)
+    for key in ("fake-1", "fake-2", "fake-3"):
+        body = {"events": [
+            event("run.started", run=key, t=1, resumed_from=step_20.pk),
+            event("run.failed", run=key, t=2, exit_code=1, error="RuntimeError: boom"),
+        ]}  # fmt: skip
+        assert api.post_events(token, body).status_code == 202
+    alerts.check_runs()
+    step_20.refresh_from_db()
+    assert step_20.quarantined_at is None
+    assert api.get(token, "/runs/train/latest").json()["step"] == 20

@@ -16,8 +16,8 @@ values). Lifeboat sees that as resumes from it that fail before any progress.
   `Run.latest_verified_checkpoint()` leave quarantined checkpoints out, so the next
   resume falls back to the newest checkpoint before it.
 - **Restart loop** (`restart_loop`): when the lineage's last `project.loop_after`
-  automatic resumes each ended without progress, automatic resume stops and says why in
-  one `run.restart_loop` alert, instead of spending max_restarts.
+  automatic resumes each ended (failed, or preempted) without progress, automatic resume
+  stops and says why in one `run.restart_loop` alert, instead of spending max_restarts.
 - **Release** (`release`): an operator's, audited as a `checkpoint.released` event.
 """
 
@@ -52,12 +52,19 @@ def _last_line(text: str) -> str:
 
 
 def failed_resumes(checkpoint) -> list:
-    """The runs resumed from `checkpoint` that failed before any progress, oldest first."""
-    from webapp.domain.models import Run
+    """The runs of Lifeboat's resumes from `checkpoint` (its own launches: a job that only
+    claims `resumed_from` in its events does not count) that failed before any progress,
+    oldest first."""
+    from webapp.domain.models import Resume
     from webapp.domain.models.runs import RunStatus
 
-    runs = Run.objects.filter(resumed_from=checkpoint, status=RunStatus.FAILED).order_by("pk")
-    return [run for run in runs if not made_progress(run, checkpoint)]
+    resumes = Resume.objects.filter(checkpoint=checkpoint).select_related("new_run")
+    runs = [_resumed_run(resume) for resume in resumes.order_by("pk")]
+    return [
+        run
+        for run in runs
+        if run is not None and run.status == RunStatus.FAILED and not made_progress(run, checkpoint)
+    ]
 
 
 def evidence(runs) -> str:
@@ -178,7 +185,10 @@ def restart_loop(chain, project) -> str | None:
         return None
     runs = [_resumed_run(attempt) for attempt in attempts]
     for attempt, run in zip(attempts, runs, strict=True):
-        if run is None or run.status != RunStatus.FAILED or made_progress(run, attempt.checkpoint):
+        # Preempted counts too: a job the scheduler stops before it gets anywhere, every
+        # time, would otherwise be relaunched forever (preemptions do not spend max_restarts).
+        ended = run is not None and run.status in (RunStatus.FAILED, RunStatus.PREEMPTED)
+        if not ended or made_progress(run, attempt.checkpoint):
             return None
     errors = {_last_line(run.error) for run in runs}
     same = (
@@ -188,6 +198,6 @@ def restart_loop(chain, project) -> str | None:
     )
     steps = ", ".join(str(a.checkpoint.step) for a in reversed(attempts))
     return (
-        f"its last {limit} automatic resumes (from steps {steps}) each failed before any "
+        f"its last {limit} automatic resumes (from steps {steps}) each ended before any "
         f"progress{same}"
     )
