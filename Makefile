@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint format bench-ingest clean
+.PHONY: run test test-quick lint format bench-ingest clean
 
 # Two distributions, both editable: the client (client/pyproject.toml, the lifeboat/
 # package) and the server (pyproject.toml), which depends on the client at its version.
@@ -24,6 +24,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tests that need no server, worker, object store, browser or Slurm (-m "not stack").
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -m "not stack" -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -477,3 +477,20 @@ def operator(project):
 @pytest.fixture
 def admin(project):
     return member(project, "ada", "admin")
+
+
+# Fixtures that start a server, a worker, an object store, a browser or Slurm: a test
+# that asks for one (directly or through another) is in the full suite only, not in
+# `make test-quick` (pytest -m "not stack"; CONTRIBUTING.md, the test tiers).
+STACK_FIXTURES = {
+    "server", "s3_server", "s3", "worker_env", "celery_worker", "browser", "slurm_cluster",
+    "lifeboat_stack", "job_env", "s3_server_env", "cluster", "workers", "replicate_env",
+    "stack", "web", "client_wheel", "client_venv", "receiver", "receivers", "own_s3",
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        slow = {"worker", "browser"} & {m.name for m in item.iter_markers()}
+        if slow or STACK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.stack)
