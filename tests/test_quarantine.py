@@ -133,7 +133,9 @@ def test_a_checkpoint_jobs_die_on_is_quarantined_and_the_resume_falls_back(
     assert released.actor == "user:otto" and "2 resumes from step 20" in released.message
 
 
-def test_a_job_that_always_fails_stops_after_n_attempts_with_one_alert(job, api, token):
+def test_a_job_that_always_fails_stops_after_n_attempts_with_one_alert(
+    job, api, token, client, operator, project
+):
     job(bad="all")
     attempts = sweep_until_settled()
     # Two from step 20 (then quarantined), one from step 10: three without progress.
@@ -150,6 +152,11 @@ def test_a_job_that_always_fails_stops_after_n_attempts_with_one_alert(job, api,
     alerts.check_runs()
     assert Resume.objects.count() == 3 and Flip.objects.filter(kind="run.restart_loop").count() == 1
     assert Checkpoint.objects.get(step=10).quarantined_at is None
+    # The last attempt's page offers step 10 by hand, and says step 20 was passed over.
+    client.force_login(operator)
+    last = f"train-resume-{attempts[-1].pk}"
+    page = client.get(reverse("dashboard:run", args=[project.slug, last])).content.decode()
+    assert "Passed over, quarantined:" in page and ">step 20</a>" in page
     # Releasing over the API (an operate token), as from a script; a repeat says so.
     step_20 = Checkpoint.objects.get(step=20)
     answer = api.post(token, f"/checkpoints/{step_20.pk}/release")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 
 from django.contrib import messages
+from django.db.models import Q
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
@@ -20,6 +21,7 @@ from webapp.dashboard.access import actor_of, project_view
 from webapp.dashboard.views import _after_action, _get_checkpoint
 from webapp.domain import actions
 from webapp.domain.actions import ActionRefused
+from webapp.domain.models import Checkpoint
 from webapp.domain.models.projects import Role
 from webapp.domain.models.runs import Health, RunStatus
 
@@ -170,11 +172,20 @@ def recovery_offer(request, run, family) -> dict | None:
         return None
     if family.state in (families.RECOVERED, families.RECOVERED_RUNNING):
         return None
-    checkpoint = auto_resume.latest_resumable(auto_resume.lineage(run))
+    chain = auto_resume.lineage(run)
+    checkpoint = auto_resume.latest_resumable(chain)
+    # The newer ones it passes over because they are quarantined: said on the page.
+    newer = Q(step__gt=checkpoint.step) if checkpoint is not None else Q()
+    quarantined = list(
+        Checkpoint.objects.filter(run__in=chain, quarantined_at__isnull=False)
+        .filter(newer)
+        .order_by("-step")[:5]
+    )
     return {
         "why": "failed" if run.status == RunStatus.FAILED else "overdue",
         "resuming": family.resuming,
         "checkpoint": checkpoint,
+        "quarantined": quarantined,
         "via_replica": checkpoint is not None and checkpoint.status != "verified",
         "profiles": list(request.project.launch_profiles.order_by("name")),
     }
