@@ -143,7 +143,7 @@ def test_a_job_that_always_fails_stops_after_n_attempts_with_one_alert(
         (20, "failed"), (20, "failed"), (10, "failed")
     ]  # fmt: skip
     (loop,) = Flip.objects.filter(kind="run.restart_loop")
-    assert "last 3 automatic resumes (from steps 20, 20, 10) each ended" in loop.message
+    assert "last 3 resumes (from steps 20, 20, 10) each ended" in loop.message
     assert "same error" not in loop.message  # step 20's and step 10's texts differ
     skipped = Event.objects.filter(type="resume.skipped").latest("pk")
     assert "restart loop" in skipped.message

@@ -92,8 +92,8 @@ def maybe_auto_resume(run, reason: str):
 
 
 def _stop_loop(run, chain, why: str) -> None:
-    """Automatic resume stops for this lineage: recorded on the run, one alert for the
-    lineage's first run (later failures in the same loop add none)."""
+    """Automatic resume stops for this lineage: recorded on the run, and one alert for
+    the run whose failure showed the loop (no attempt follows it, so none repeats it)."""
     from webapp.domain.health import alerts
     from webapp.domain.models import Event
 
@@ -102,7 +102,7 @@ def _stop_loop(run, chain, why: str) -> None:
     root = chain[-1]
     alerts.record(
         "run.restart_loop",
-        f"run.restart_loop:{root.pk}",
+        f"run.restart_loop:{run.pk}",
         f"Automatic resumes of {root.key} stopped: {why}. Resume by hand once the cause is fixed.",
         project_id=run.project_id,
         run_id=run.pk,

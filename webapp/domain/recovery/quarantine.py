@@ -16,7 +16,7 @@ values). Lifeboat sees that as resumes from it that fail before any progress.
   `Run.latest_verified_checkpoint()` leave quarantined checkpoints out, so the next
   resume falls back to the newest checkpoint before it.
 - **Restart loop** (`restart_loop`): when the lineage's last `project.loop_after`
-  automatic resumes each ended (failed, or preempted) without progress, automatic resume
+  resumes each ended (failed, or preempted) without progress, automatic resume
   stops and says why in one `run.restart_loop` alert, instead of spending max_restarts.
 - **Release** (`release`): an operator's, audited as a `checkpoint.released` event.
 """
@@ -171,13 +171,14 @@ def _resumed_run(resume):
 
 def restart_loop(chain, project) -> str | None:
     """Why the lineage `chain` (newest run first) is in a restart loop, or None: its last
-    `project.loop_after` automatic resumes each ended without progress."""
+    `project.loop_after` resumes each ended without progress. A person's resumes count
+    too: one that got somewhere ends the streak, one that did not adds to it."""
     from webapp.domain.models import Resume
     from webapp.domain.models.runs import RunStatus
 
     limit = max(project.loop_after, 1)
     attempts = list(
-        Resume.objects.filter(run__in=chain, automatic=True)
+        Resume.objects.filter(run__in=chain)
         .select_related("new_run", "checkpoint__run")
         .order_by("-created_at", "-pk")[:limit]
     )
@@ -197,7 +198,4 @@ def restart_loop(chain, project) -> str | None:
         else ""
     )
     steps = ", ".join(str(a.checkpoint.step) for a in reversed(attempts))
-    return (
-        f"its last {limit} automatic resumes (from steps {steps}) each ended before any "
-        f"progress{same}"
-    )
+    return f"its last {limit} resumes (from steps {steps}) each ended before any progress{same}"
