@@ -6,6 +6,7 @@
                                                          by a resume): dies right after
                                                          loading when N is B (or B is
                                                          "all"), else trains a step and ends
+                                                         (and then dies, with "later")
 
 The run key, token, URL and the checkpoint it was resumed from come from the environment
 a launch gives a job (LIFEBOAT_RUN, LIFEBOAT_TOKEN, LIFEBOAT_URL, LIFEBOAT_RESUMED_FROM).
@@ -47,6 +48,9 @@ def main() -> int:
         if args.bad in (str(args.step), "all"):
             raise FloatingPointError(f"loss is nan right after loading step {args.step}")
         run.log(args.step + 1, loss=0.5)
+        if args.bad == "later":  # gets somewhere, then fails
+            time.sleep(0.5)
+            raise RuntimeError(f"the node was lost after step {args.step + 1}")
     return 0
 
 

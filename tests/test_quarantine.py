@@ -41,16 +41,18 @@ def launcher(server, project, tmp_path, settings):
     project.max_restarts, project.quarantine_after, project.loop_after = 6, 2, 3
     project.save()
 
-    def profile(bad: str) -> None:
+    def profile(bad: str, name: str = "again", auto: bool = True):
         template = (
             f"{shlex.quote(sys.executable)} {shlex.quote(str(JOB))} --step {{{{step}}}} --bad {bad}"
         )
         made = LaunchProfile.objects.create(
-            project=project, name="again", kind="local", command_template=template,
+            project=project, name=name, kind="local", command_template=template,
             options={"workdir": str(ROOT), "env": {"LIFEBOAT_SPOOL_DIR": str(tmp_path / "s2")}},
         )  # fmt: skip
-        project.auto_resume_profile = made
-        project.save()
+        if auto:
+            project.auto_resume_profile = made
+            project.save()
+        return made
 
     return profile
 
@@ -164,6 +166,24 @@ def test_a_job_that_always_fails_stops_after_n_attempts_with_one_alert(
     again = api.post(token, f"/checkpoints/{step_20.pk}/release")
     assert again.json()["message"] == "was not quarantined"
     assert Event.objects.get(type="checkpoint.released").actor.startswith("token:")
+
+
+def test_a_persons_resume_that_gets_somewhere_ends_the_streak(job, api, token):
+    job(bad="all")
+    sweep_until_settled()  # three attempts without progress: automatic resume stopped
+    assert Flip.objects.filter(kind="run.restart_loop").count() == 1
+    # A person resumes from step 10 with a fixed job: it trains past step 10, then its
+    # node is lost. That failure is resumed automatically again: the streak is over.
+    job(bad="later", name="fixed", auto=False)
+    step_10 = Checkpoint.objects.get(step=10)
+    answer = api.post(token, f"/checkpoints/{step_10.pk}/resume", {"profile": "fixed"})
+    assert answer.status_code == 202, answer.content
+    launch_resume(answer.json()["id"])
+    assert follow_until_done(answer.json()["id"], timeout=120).status == "failed"
+    alerts.check_runs()
+    newest = Resume.objects.latest("pk")
+    assert newest.automatic and newest.pk != answer.json()["id"]
+    assert Flip.objects.filter(kind="run.restart_loop").count() == 1
 
 
 @pytest.mark.usefixtures("slurm_cluster")

@@ -7,8 +7,8 @@ yet the job dies right after loading it (a model or optimizer state that no long
 the code, NaNs that blow up at the first step, a shard that loads but holds the wrong
 values). Lifeboat sees that as resumes from it that fail before any progress.
 
-- **No progress**: the resumed run never reported a step past its checkpoint's (neither
-  a metric or heartbeat step, `Run.last_step`, nor a checkpoint).
+- **No progress**: the resumed run never reported a step past its checkpoint's (in a
+  heartbeat, a metric or a checkpoint).
 - **Quarantine** (`note_failed_run`): after `project.quarantine_after` such failures of
   resumes from one checkpoint, it is quarantined with their evidence (exit codes, the
   error class, the last line of each error); a restore test that could not load it
@@ -34,8 +34,13 @@ _ERROR_CLASS = re.compile(r"\b([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)
 
 
 def made_progress(run, checkpoint) -> bool:
-    """The run reported a step past the checkpoint it was resumed from."""
+    """The run reported a step past the checkpoint it was resumed from: in a heartbeat
+    (Run.last_step), a metric or a checkpoint."""
+    from webapp.domain.models import MetricPoint
+
     if run.last_step is not None and run.last_step > checkpoint.step:
+        return True
+    if MetricPoint.objects.filter(run=run, step__gt=checkpoint.step).exists():
         return True
     return run.checkpoints.filter(step__gt=checkpoint.step).exists()
 
