@@ -46,7 +46,9 @@ def stack(worker_env, s3_server, tmp_path_factory):
         "REPLICATION_RETRY_BASE_S": "1",
         "REPLICATION_RETRY_MAX_S": "4",
         "VALIDATION_LEASE_S": "6",
-        "SWEEP_LOST_AFTER_S": "10",
+        # Longer than a check can wait between its message and its claim on 2 busy
+        # cores: 10 s once took a slow start for a lost message (a needless resend).
+        "SWEEP_LOST_AFTER_S": "20",
     }
     stack = LoadStack(env, tmp_path_factory.mktemp("load"), workers=2).start()
     stack.pause()
