@@ -16,10 +16,11 @@ import sys
 import pytest
 from django.urls import reverse
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, event, wait_for
 from tests.test_resume import follow_until_done
 from tests.test_slurm import slurm_cluster  # noqa: F401 (a fixture, asked for by name)
-from webapp.domain.health import alerts
+from webapp.domain.health import alerts, analytics
+from webapp.domain.launch import slurm
 from webapp.domain.models import Checkpoint, Event, LaunchProfile, Resume, Run
 from webapp.domain.models.alerts import Flip
 from workers.launch import launch_resume
@@ -190,9 +191,6 @@ def test_a_persons_resume_that_gets_somewhere_ends_the_streak(job, api, token):
 def test_a_slurm_job_preempted_by_a_signal_is_resumed_and_not_counted_as_a_failure(
     launcher, server, token, project, tmp_path, settings
 ):
-    from webapp.domain.health import analytics
-    from webapp.domain.launch import slurm
-
     # A Slurm job reports steps 10 and 20 and trains on; the scheduler's USR1 (the time
     # limit near, --signal=B:USR1@...) reaches it: the client records run.preempted.
     env = {**os.environ, "LIFEBOAT_URL": server.url, "LIFEBOAT_TOKEN": token,
@@ -241,8 +239,6 @@ def test_a_slurm_job_preempted_by_a_signal_is_resumed_and_not_counted_as_a_failu
 def test_a_job_claiming_resumed_from_cannot_quarantine_a_checkpoint(job, api, token):
     # An ingest token (in every job's environment) reports runs that say they resumed
     # from step 20 and fail at once: only Lifeboat's own resumes count against it.
-    from tests.conftest import event
-
     step_20 = Checkpoint.objects.get(step=20)
     for key in ("fake-1", "fake-2", "fake-3"):
         body = {"events": [

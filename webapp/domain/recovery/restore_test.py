@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from lifeboat.units import human_size
 from webapp.domain.launch.run_as import RunAsRefused
-from webapp.domain.recovery import restore_checks
+from webapp.domain.recovery import quarantine, restore_checks
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,6 @@ def _unloadable(validation, message: str, timings: dict, **extra) -> str:
     """Verified bytes that do not load (or fail the project's deeper checks): the test
     fails, and the checkpoint is quarantined at once, so no resume starts from it."""
     from webapp.domain.models.recovery import ValidationStatus
-    from webapp.domain.recovery import quarantine
 
     status = _finish(validation, ValidationStatus.FAILED, message, timings, **extra)
     quarantine.quarantine(
