@@ -49,6 +49,7 @@ class RestoreError(Exception):
     5xx, a 403). The replica may then be good, and a restore test must not say otherwise."""
 
     replica_at_fault = True
+    mismatched: Path | None = None
 
 
 class ShortObject(OSError):
@@ -155,7 +156,7 @@ def _fetch_parallel(
 
 def _fetch_one(
     entry: dict, dest: Path, advance: Callable[[int], None], *, timeout: float, opener,
-    parallel: int, durable: bool,
+    parallel: int, durable: bool, keep_mismatched: bool = False,
 ) -> Path:  # fmt: skip
     """One file, verified, moved into place; skipped if it is there already, whole."""
     final = dest.joinpath(*_safe_relative(entry["path"]).parts)
@@ -188,11 +189,15 @@ def _fetch_one(
         error.replica_at_fault = _replica_at_fault(exc)
         raise error from exc
     if got != size or digest.hexdigest() != sha:
-        partial.unlink(missing_ok=True)
-        raise RestoreError(
+        error = RestoreError(
             f"{entry['path']} does not match its sha256: expected {size:,} bytes with "
             f"sha256 {sha[:12]}…, got {got:,} bytes with {digest.hexdigest()[:12]}…"
         )
+        if keep_mismatched:  # as evidence, for the caller to say what in it differs
+            error.mismatched = partial.rename(final.with_name(final.name + ".mismatched"))
+        else:
+            partial.unlink(missing_ok=True)
+        raise error
     shutil.move(partial, final)
     return final
 
@@ -206,12 +211,15 @@ def download_files(
     opener: Callable = urllib.request.urlopen,
     parallel: int = PARALLEL,
     durable: bool = True,
+    keep_mismatched: bool = False,
 ) -> list[Path]:
     """Fetch every {path, size, sha256, url} into `dest`, verified. `progress(done,
     total)` is called on the calling thread, about every PROGRESS_S and at the end.
     Returns the files' paths, in the order given. `durable` fsyncs each file before it
     is moved into place: what a job will resume from must survive a crash of the
-    machine; a restore test's scratch copy, deleted at once, need not.
+    machine; a restore test's scratch copy, deleted at once, need not. With
+    `keep_mismatched`, a file whose bytes do not match is kept beside where it would have
+    gone (`<name>.mismatched`, the error's `mismatched`), for the caller to examine.
 
     A sharded checkpoint's files are fetched at once: up to `parallel` files, each on
     its own thread that hashes it as it comes (the shards' sha256 spread over the
@@ -243,7 +251,7 @@ def download_files(
             try:
                 written[index] = _fetch_one(
                     files[index], dest, advance, timeout=timeout, opener=opener,
-                    parallel=per_file, durable=durable,
+                    parallel=per_file, durable=durable, keep_mismatched=keep_mismatched,
                 )  # fmt: skip
             except BaseException:
                 stop.set()

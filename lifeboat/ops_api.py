@@ -105,10 +105,13 @@ class OpsClient:
             f"/checkpoints/{checkpoint_id}/restore-test",
         )
 
-    def resume(self, checkpoint_id: int, profile: str) -> dict:
+    def resume(self, checkpoint_id: int, profile: str, world_size: int | None = None) -> dict:
+        body: dict = {"profile": profile}
+        if world_size is not None:
+            body["world_size"] = world_size
         return self._call(
             f"cannot resume from checkpoint {checkpoint_id}",
             "POST",
             f"/checkpoints/{checkpoint_id}/resume",
-            {"profile": profile},
+            body,
         )

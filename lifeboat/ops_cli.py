@@ -222,7 +222,7 @@ def _queued(answer: dict, kind: str) -> str:
 
 
 def _resume(args) -> int:
-    answer = _client(args).resume(args.id, args.profile)
+    answer = _client(args).resume(args.id, args.profile, args.world_size)
     if args.json:
         _print_json(answer)
         return OK
@@ -230,6 +230,7 @@ def _resume(args) -> int:
         f"resume {answer.get('id')} of run {fmt.clean(answer.get('run'))} from checkpoint "
         f"{answer.get('checkpoint')} with profile {fmt.clean(answer.get('profile'))}: "
         f"{fmt.clean(answer.get('status'))}"
+        + (f" on {answer['world_size']} ranks" if isinstance(answer.get("world_size"), int) else "")
     )
     if answer.get("command"):
         print(f"command: {fmt.clean(answer['command'])}")
@@ -315,6 +316,11 @@ def add_commands(commands) -> dict:
     resume = command("resume", "restart a run from a checkpoint with a launch profile")
     resume.add_argument("id", type=int, help="the checkpoint id")
     resume.add_argument("--profile", required=True, help="the launch profile's name")
+    resume.add_argument(
+        "--world-size", type=int, metavar="N",
+        help="launch on N ranks (a profile with {{world_size}}); a DCP checkpoint saved by "
+        "another world size is first loaded on N, and the job starts only if that passes",
+    )  # fmt: skip
     output(resume)
 
     return {

@@ -106,6 +106,19 @@ def rank_of_name(name: str) -> int | None:
     return None
 
 
+def dcp_world_size(files: list[str], root: str = "") -> int | None:
+    """The ranks that wrote a DCP folder's shards (`__<rank>_<n>.distcp` directly in
+    `root`), None when no shard names one."""
+    ranks = [
+        rank_of_name(name)
+        for f in files
+        if f.endswith(".distcp") and (f.rpartition("/")[0] == root)
+        for name in (f.rpartition("/")[2],)
+    ]
+    found = [r for r in ranks if r is not None]
+    return max(found) + 1 if found else None
+
+
 def files_by_rank(folder: Path) -> dict[int | None, list[str]]:
     """The files of `folder` (relative, '/'-separated) by the rank their names carry
     (the innermost name that carries one: `rank-3/model.pt` is rank 3's), None for those

@@ -419,3 +419,36 @@ def test_a_resume_shows_the_time_from_the_click_to_the_first_step(project, viewe
                                time=clicked + timedelta(seconds=13))  # fmt: skip
     html = client.get("/p/alpha/runs/r/").content.decode()
     assert "recovered: first step 12.5 s after the click" in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_profile_that_takes_a_world_size_asks_for_one(project, operator, queues):
+    """{{world_size}} in the command: the page offers the field, shows the saved world
+    size, and a world size the checkpoint's format cannot be resharded to is refused with
+    the reason; its own is queued."""
+    run = make_run(project, "r")
+    run.world_size = 8
+    run.save()
+    checkpoint = make_checkpoint(run, 10)
+    chosen = profile(project, "ranks", "torchrun --nproc-per-node {{world_size}} train.py")
+    client = as_user(operator)
+    url = f"/p/alpha/checkpoints/{checkpoint.pk}/resume/"
+
+    html = client.get(url, {"profile": chosen.pk, "world_size": "4"}).content.decode()
+    assert 'id="resume-world-size" name="world_size"' in html and 'placeholder="8"' in html
+    assert "Saved by 8 ranks." in html
+    assert "<code>LIFEBOAT_WORLD_SIZE</code></td><td><code>4</code>" in html
+    digest = html.split('name="digest" value="')[1].split('"')[0]
+
+    refused = client.post(url, {"profile": chosen.pk, "digest": digest, "world_size": "4"})
+    assert refused.status_code == 400
+    assert "saved by 8 ranks in a format Lifeboat cannot reshard" in refused.content.decode()
+    assert not Resume.objects.exists()
+
+    done = client.post(url, {"profile": chosen.pk, "digest": digest, "world_size": "8"})
+    assert done.status_code == 302
+    assert Resume.objects.get().world_size == 8
+    assert (
+        'name="world_size"'
+        not in client.get(url, {"profile": profile(project).pk}).content.decode()
+    )

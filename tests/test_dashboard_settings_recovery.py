@@ -211,6 +211,11 @@ def test_an_admin_sets_quota_auto_resume_and_restore_checks_each_audited(project
         ('{"replay_steps": true}', "replay_steps must be a whole number"),
         ('{"replay_rtol": "small"}', "replay_rtol must be a number"),
         ('{"file": ""}', "file must be a non-empty string"),
+        ('{"reshard": 4}', "reshard must list one to four world sizes from 1 to 64"),
+        ('{"reshard": [2, 0]}', "reshard must list one to four world sizes"),
+        ('{"reshard": [2, 65]}', "reshard must list one to four world sizes"),
+        ('{"reshard": [true]}', "reshard must list one to four world sizes"),
+        ('{"reshard": [1, 2, 3, 4, 5]}', "reshard must list one to four world sizes"),
     ],
 )
 def test_restore_checks_must_be_an_object_with_known_keys(project, admin, text, error):

@@ -31,6 +31,7 @@ def _record(resume, type_: str, message: str) -> None:
 @shared_task(name="workers.launch.launch_resume", ignore_result=True)
 def launch_resume(resume_id: int) -> str:
     from webapp.domain.models.recovery import ResumeStatus
+    from webapp.domain.recovery import reshard
     from webapp.domain.recovery import resume as resumes
 
     resume = resumes.claim(resume_id)
@@ -39,6 +40,9 @@ def launch_resume(resume_id: int) -> str:
     try:
         done = resumes.prepare(resume)
         _record(resume, "resume.prepared", f"Checkpoint ready for the job: {done}")
+        loaded = reshard.before_launch(resume)  # ResumeError: the job is never launched
+        if loaded:
+            _record(resume, "resume.resharded", f"Loaded on {resume.world_size} ranks: {loaded}")
         resumes._set(resume, status=ResumeStatus.LAUNCHING)
         resumes.start(resume)
     except Exception as exc:  # noqa: BLE001 (recorded on the row, for the person who asked)

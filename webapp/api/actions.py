@@ -8,7 +8,7 @@ id and "coalesced": true. A checkpoint of another project is simply not found.""
 
 from __future__ import annotations
 
-from ninja import Router, Schema, Status
+from ninja import Field, Router, Schema, Status
 
 from webapp.api.auth import operate_auth
 from webapp.api.errors import ApiError, ErrorOut
@@ -175,6 +175,9 @@ def replicate(request, checkpoint_id: CheckpointId, body: ReplicateIn | None = N
 
 class ResumeIn(BodyIn):
     profile: Name
+    # Launch on this many ranks ({{world_size}} in the profile's command); a DCP
+    # checkpoint is first loaded on it when it is not the world size that saved it.
+    world_size: int | None = Field(default=None, ge=1, le=100_000)
 
 
 @router.post(
@@ -192,7 +195,7 @@ def resume_from(request, checkpoint_id: CheckpointId, body: ResumeIn):
     if profile is None:
         raise ApiError(404, f"no launch profile {body.profile!r} in this project")
     try:
-        resume = actions.resume(checkpoint, profile, request.auth.actor)
+        resume = actions.resume(checkpoint, profile, request.auth.actor, world_size=body.world_size)
     except ActionRefused as exc:
         raise ApiError(409, str(exc)) from None
     return Status(202, resume)

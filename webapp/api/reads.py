@@ -359,6 +359,7 @@ class ResumeOut(Schema):
     error: str
     new_run: str | None
     automatic: bool
+    world_size: int | None
     created_at: datetime
     updated_at: datetime
     output: str

@@ -18,8 +18,12 @@ from webapp.dashboard.access import project_view
 from webapp.dashboard.settings_views import _settings_context, audit
 from webapp.domain.models import LaunchProfile
 from webapp.domain.models.projects import Role
+from webapp.domain.recovery.reshard import MAX_WORLD_SIZE
 
-RESTORE_CHECK_KEYS = ("forward", "replay", "replay_steps", "replay_rtol", "replay_metric", "file")
+RESTORE_CHECK_KEYS = (
+    *("forward", "replay", "replay_steps", "replay_rtol", "replay_metric", "file"),
+    "reshard",
+)
 
 
 def clean_restore_checks(text: str) -> dict:
@@ -56,6 +60,15 @@ def clean_restore_checks(text: str) -> dict:
             relative_parts(value["file"], "file")
         except Refused as exc:
             raise ValidationError(f"{exc}: it names one of the checkpoint's files.") from None
+    reshard = value.get("reshard")
+    if reshard is not None and not (
+        isinstance(reshard, list)
+        and 1 <= len(reshard) <= 4
+        and all(type(m) is int and 1 <= m <= MAX_WORLD_SIZE for m in reshard)
+    ):
+        raise ValidationError(
+            f"reshard must list one to four world sizes from 1 to {MAX_WORLD_SIZE}, like [2, 4]."
+        )
     steps = value.get("replay_steps")
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ValidationError("replay_steps must be a whole number of at least 1.")
@@ -106,8 +119,10 @@ class RecoveryForm(forms.Form):
         required=False,
         widget=forms.Textarea(attrs={"rows": 5, "cols": 70, "spellcheck": "false"}),
         help_text='Deeper restore-test levels, e.g. {"forward": "examples.digits_checks:forward", '
-        '"replay": "examples.digits_checks:replay", "replay_steps": 5, "replay_rtol": 1e-4}. '
-        "Keys: " + ", ".join(RESTORE_CHECK_KEYS) + ".",
+        '"replay": "examples.digits_checks:replay", "replay_steps": 5, "replay_rtol": 1e-4}; '
+        '{"reshard": [2, 4]} also loads a DCP checkpoint on 2 and on 4 ranks. Keys: '
+        + ", ".join(RESTORE_CHECK_KEYS)
+        + ".",
     )
 
     def __init__(self, *args, project, **kwargs):

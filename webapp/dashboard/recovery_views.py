@@ -21,9 +21,11 @@ from webapp.dashboard.access import actor_of, project_view
 from webapp.dashboard.views import _after_action, _get_checkpoint
 from webapp.domain import actions
 from webapp.domain.actions import ActionRefused
+from webapp.domain.launch.template import uses
 from webapp.domain.models import Checkpoint
 from webapp.domain.models.projects import Role
 from webapp.domain.models.runs import Health, RunStatus
+from webapp.domain.recovery.reshard import saved_world_size
 
 # The run page's resume rows poll this often while one is on its way: the launch worker
 # looks at the job every LAUNCH_FOLLOW_S, so a change shows within a few seconds.
@@ -74,11 +76,21 @@ def template_digest(profile) -> str:
     return hashlib.sha256(profile.command_template.encode()).hexdigest()[:16]
 
 
-def preview_values(checkpoint) -> dict:
+def preview_values(checkpoint, world_size: int | None = None) -> dict:
     """The values the resume will get, before it exists: its number shows as N."""
     from webapp.domain.recovery import resume as resumes
 
-    return resumes.template_values(checkpoint, "N")
+    return resumes.template_values(checkpoint, "N", world_size)
+
+
+def _world_size(data) -> tuple[int | None, str]:
+    """The world size asked for (blank: the checkpoint's own), or the reason it is not one."""
+    text = (data.get("world_size") or "").strip()
+    if not text:
+        return None, ""
+    if not text.isdigit() or not 1 <= int(text) <= 100_000:
+        return None, "the world size must be a whole number of at least 1"
+    return int(text), ""
 
 
 def _variables_used(profile, values) -> list[tuple[str, str]]:
@@ -107,7 +119,11 @@ def checkpoint_resume(request, checkpoint_id: int):
         error = error or "this project has no launch profile; an admin adds one in Settings"
     elif profile is None and chosen:
         error = "choose one of this project's launch profiles"
-    values = preview_values(checkpoint)
+    form = request.POST if request.method == "POST" else request.GET
+    world_size, bad_size = _world_size(form)
+    error = error or bad_size
+    takes_world_size = profile is not None and uses(profile.command_template, "world_size")
+    values = preview_values(checkpoint, world_size if takes_world_size else None)
     command = ""
     if profile is not None:
         try:
@@ -124,7 +140,10 @@ def checkpoint_resume(request, checkpoint_id: int):
             )
         else:
             try:
-                resume = actions.resume(checkpoint, profile, actor_of(request), user=request.user)
+                resume = actions.resume(
+                    checkpoint, profile, actor_of(request), user=request.user,
+                    world_size=world_size if takes_world_size else None,
+                )  # fmt: skip
             except ActionRefused as exc:
                 error, blocked = str(exc), True
             else:
@@ -152,6 +171,9 @@ def checkpoint_resume(request, checkpoint_id: int):
         "variables": _variables_used(profile, values),
         "error": error,
         "blocked": blocked,
+        "takes_world_size": takes_world_size,
+        "world_size": world_size,
+        "saved_world_size": saved_world_size(checkpoint),
     }
     status = 400 if request.method == "POST" and error else 200
     return render(request, "dashboard/checkpoint_resume.html", context, status=status)

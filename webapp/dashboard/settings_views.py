@@ -173,6 +173,7 @@ SAMPLE_VALUES = {
     "run_key": "run-3",
     "new_run_key": "run-3-r1",
     "resume_id": 17,
+    "world_size": 8,
 }
 
 

@@ -15,16 +15,20 @@ from webapp.domain.models.recovery import ResumeStatus
 ENDED = (ResumeStatus.SUCCEEDED, ResumeStatus.FAILED, ResumeStatus.CANCELLED)
 
 
-def resume(checkpoint: Checkpoint, profile: LaunchProfile, actor: str, user=None) -> Resume:
+def resume(
+    checkpoint: Checkpoint, profile: LaunchProfile, actor: str, user=None,
+    world_size: int | None = None,
+) -> Resume:  # fmt: skip
     """Restart the checkpoint's run with `profile` (the checkpoint is restored from a
-    replica first if its local copy is unusable): webapp.domain.recovery.resume.request, under
-    the checkpoint's lock. Raises ActionRefused with the reason."""
+    replica first if its local copy is unusable), on `world_size` ranks when given:
+    webapp.domain.recovery.resume.request, under the checkpoint's lock. Raises
+    ActionRefused with the reason."""
     from webapp.domain.recovery import resume as resumes
 
     with transaction.atomic():
         locked = lock(checkpoint.pk)
         try:
-            return resumes.request(locked, profile, user=user, actor=actor)
+            return resumes.request(locked, profile, user=user, actor=actor, world_size=world_size)
         except resumes.ResumeError as exc:
             raise ActionRefused(str(exc)) from None
 

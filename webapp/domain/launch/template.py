@@ -40,6 +40,7 @@ NAMES = (
     "run_key",
     "new_run_key",
     "resume_id",
+    "world_size",
 )
 
 # Programs that join their arguments into a command line for a shell.
@@ -420,6 +421,11 @@ def render(template: str) -> str:
         last = spot.end
     out.append(template[last:])
     return "".join(out)
+
+
+def uses(template: str, name: str) -> bool:
+    """Whether the template has a {{name}} placeholder."""
+    return any(found.group(1) == name for found in PLACEHOLDER.finditer(template))
 
 
 def variables(values: dict) -> dict[str, str]:

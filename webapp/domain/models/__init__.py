@@ -16,7 +16,13 @@ from webapp.domain.models.projects import (
     Project,
     StorageTarget,
 )
-from webapp.domain.models.recovery import Replica, Resume, Validation, ValidationPart
+from webapp.domain.models.recovery import (
+    Replica,
+    Resume,
+    SavedChunks,
+    Validation,
+    ValidationPart,
+)
 from webapp.domain.models.retention import RetentionPolicy
 from webapp.domain.models.runs import Run, RunStats
 
@@ -38,6 +44,7 @@ __all__ = [
     "RetentionPolicy",
     "Run",
     "RunStats",
+    "SavedChunks",
     "StorageTarget",
     "Validation",
     "ValidationPart",

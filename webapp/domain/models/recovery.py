@@ -219,6 +219,10 @@ class Resume(models.Model):
     automatic = models.BooleanField(default=False)
     # Automatic, after the scheduler preempted the run: not counted against max_restarts.
     after_preemption = models.BooleanField(default=False, db_default=False)
+    # The world size the job is launched on, when the profile takes one ({{world_size}});
+    # when it differs from the checkpoint's, the checkpoint is first loaded on it
+    # (recovery/reshard.py) and the job launched only if that passes.
+    world_size = models.PositiveIntegerField(null=True, blank=True)
     command = models.TextField(blank=True)
     external_id = models.CharField(max_length=100, blank=True)
     status = models.CharField(
@@ -268,3 +272,20 @@ class Resume(models.Model):
             .first()
         )
         return None if first is None else (first - self.created_at).total_seconds()
+
+
+class SavedChunks(models.Model):
+    """Where every tensor chunk of a DCP checkpoint lies in its shard and the sha256 of
+    its stored bytes, recorded by the restore test that first loaded it on another world
+    size (from bytes whose files matched their verified sha256). A shard found altered
+    later is then named down to the tensors it holds (recovery/reshard.py)."""
+
+    checkpoint = models.OneToOneField(
+        "domain.Checkpoint", on_delete=models.CASCADE, related_name="saved_chunks"
+    )
+    # [[fqn, offsets, path, byte offset, length, sha256], ...]
+    chunks = models.JSONField(default=list)
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{len(self.chunks)} chunks of checkpoint {self.checkpoint_id}"

@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from lifeboat.units import human_size
 from webapp.domain.launch.run_as import RunAsRefused
-from webapp.domain.recovery import quarantine, restore_checks
+from webapp.domain.recovery import quarantine, reshard, restore_checks
 
 log = logging.getLogger(__name__)
 
@@ -315,9 +315,15 @@ def _restore_and_load(validation, replica, scratch: Path) -> str:
     started = time.perf_counter()
     try:
         # Scratch space, deleted after the test: no fsync (durable=False).
-        restore_replica(replica, scratch, _progress_writer(validation, total), durable=False)
+        restore_replica(
+            replica, scratch, _progress_writer(validation, total), durable=False,
+            keep_mismatched=True,
+        )  # fmt: skip
     except RestoreError as exc:
         timings["download_s"] = time.perf_counter() - started
+        altered = _altered(checkpoint, scratch, exc)
+        if altered:
+            exc = RestoreError(f"{exc}; {altered}")
         # This worker's disk or the network failed, not the copy: say nothing of the copy.
         status, said = (
             (ValidationStatus.FAILED, f"The replica on {replica.target.name} does not restore")
@@ -356,7 +362,8 @@ def _restore_and_load(validation, replica, scratch: Path) -> str:
             )
         return _unloadable(validation, message, timings, device=loaded["device"])
     try:
-        levels = restore_checks.deep_levels(validation, scratch, files, timings)
+        levels = reshard.levels(validation, scratch, files, timings)
+        levels += restore_checks.deep_levels(validation, scratch, files, timings)
     except RunAsRefused as exc:
         return _finish(
             validation, ValidationStatus.ERROR,
@@ -378,6 +385,19 @@ def _restore_and_load(validation, replica, scratch: Path) -> str:
         validation, ValidationStatus.PASSED, message, timings, findings=levels,
         device=loaded["device"],
     )  # fmt: skip
+
+
+def _altered(checkpoint, scratch: Path, exc) -> str:
+    """The tensors of a shard that no longer matches its sha256 that differ from the
+    chunks recorded when the checkpoint last loaded on another world size."""
+    mismatched = getattr(exc, "mismatched", None)
+    if mismatched is None:
+        return ""
+    relative = mismatched.relative_to(scratch).as_posix().removesuffix(".mismatched")
+    try:
+        return reshard.altered_tensors(checkpoint, relative, mismatched)
+    except OSError:
+        return ""
 
 
 def _passed_message(replica, total: int, timings: dict, loaded: dict, levels: list) -> str:

@@ -68,9 +68,12 @@ def render(template: str) -> str:
         raise ResumeError(str(exc)) from None
 
 
-def template_values(checkpoint, resume_id) -> dict:
+def template_values(checkpoint, resume_id, world_size: int | None = None) -> dict:
     """What the placeholders stand for. `resume_id` is the Resume's id, or a stand-in
-    ("N") for the confirmation a person reads before it exists."""
+    ("N") for the confirmation a person reads before it exists; `world_size` the one the
+    job is launched on (the checkpoint's own when None; '' when nobody knows it)."""
+    from webapp.domain.recovery.reshard import saved_world_size
+
     location = checkpoint.location.rstrip("/")
     single = (
         checkpoint.file_count == 1
@@ -84,11 +87,12 @@ def template_values(checkpoint, resume_id) -> dict:
         "run_key": checkpoint.run.key,
         "new_run_key": f"{checkpoint.run.key}-resume-{resume_id}"[:200],
         "resume_id": resume_id,
+        "world_size": world_size or saved_world_size(checkpoint) or "",
     }
 
 
 def values_for(resume) -> dict:
-    return template_values(resume.checkpoint, resume.pk)
+    return template_values(resume.checkpoint, resume.pk, resume.world_size)
 
 
 def new_run_key(resume) -> str:
@@ -99,9 +103,15 @@ def queue_for(profile) -> str:
     return f"launch.{profile.host}" if profile.host else "launch"
 
 
-def request(checkpoint, profile, *, user=None, actor: str = "", automatic: bool = False):
-    """Create the Resume and queue its launch after commit. Call inside a transaction."""
+def request(
+    checkpoint, profile, *, user=None, actor: str = "", automatic: bool = False,
+    world_size: int | None = None,
+):  # fmt: skip
+    """Create the Resume and queue its launch after commit. Call inside a transaction.
+    `world_size`: launch on that many ranks ({{world_size}} in the profile's command);
+    the checkpoint is loaded on it before the job starts when it is not its own."""
     from webapp.domain.models import Event, Resume
+    from webapp.domain.recovery import reshard
 
     refusal = checkpoint.resume_refusal()  # the one rule (models/checkpoints.resumable_q)
     if refusal:
@@ -115,7 +125,17 @@ def request(checkpoint, profile, *, user=None, actor: str = "", automatic: bool 
             f"launch profile {profile.name} cannot be used until an admin rewrites its "
             f"command: {exc}"
         ) from None
+    if world_size is not None:
+        if not templates.uses(profile.command_template, "world_size"):
+            raise ResumeError(
+                f"launch profile {profile.name} takes no world size: its command has no "
+                "{{world_size}}"
+            )
+        refused = reshard.refusal(checkpoint, world_size)
+        if refused:
+            raise ResumeError(refused)
     resume = Resume.objects.create(
+        world_size=world_size,
         project_id=checkpoint.project_id,
         run_id=checkpoint.run_id,
         checkpoint=checkpoint,
@@ -129,8 +149,14 @@ def request(checkpoint, profile, *, user=None, actor: str = "", automatic: bool 
         "resume.requested",
         checkpoint=checkpoint,
         actor=actor or (f"user:{user.get_username()}" if user else "system"),
-        message=f"Resume from step {checkpoint.step} with profile {profile.name}",
-        data={"resume": resume.pk, "profile": profile.name, "command": resume.command},
+        message=f"Resume from step {checkpoint.step} with profile {profile.name}"
+        + (f" on {world_size} ranks" if world_size else ""),
+        data={
+            "resume": resume.pk,
+            "profile": profile.name,
+            "command": resume.command,
+            "world_size": world_size,
+        },  # fmt: skip
     )
     transaction.on_commit(lambda: enqueue_launch(resume.pk, queue_for(profile)))
     return resume

@@ -55,8 +55,9 @@ def read_manifest(replica) -> dict:
 
 
 def restore_replica(
-    replica, dest, progress: Callable[[int, int], None] | None = None, *, durable: bool = True
-) -> list:
+    replica, dest, progress: Callable[[int, int], None] | None = None, *, durable: bool = True,
+    keep_mismatched: bool = False,
+) -> list:  # fmt: skip
     """Download a verified replica into `dest`, verifying every file's sha256 against
     the manifest on the target and the checkpoint's record. Raises RestoreError.
 
@@ -75,4 +76,6 @@ def restore_replica(
         raise RestoreError(
             f"the manifest on {replica.target.name} does not list the checkpoint's files"
         )
-    return download_files(replica_files(replica), dest, progress, durable=durable)
+    return download_files(
+        replica_files(replica), dest, progress, durable=durable, keep_mismatched=keep_mismatched
+    )

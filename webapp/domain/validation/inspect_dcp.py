@@ -243,6 +243,19 @@ def count_dcp_tensors(metadata, meta_rel: str, report: Report) -> None:
             continue  # bytes items: pickled Python objects, not tensors
         dtype = properties.dtype
         report.count(f"{meta_rel}:{fqn}", dtype_name(dtype) if dtype else "unknown", list(size))
+        # Chunks that hold fewer elements than the tensor leave rows no load can fill: DCP
+        # would leave the caller's values there (zeros, or whatever it allocated) without
+        # a word. More is not a fault: replicated chunks may be saved more than once.
+        chunks = getattr(item, "chunks", None) or ()
+        held = sum(math.prod(getattr(c, "sizes", None) or ()) for c in chunks)
+        if held < math.prod(size):
+            report.add(
+                "corrupt",
+                "dcp_gap",
+                f"{meta_rel}: the chunks of {fqn} hold {held:,} of its {math.prod(size):,} "
+                "elements: the rest are in no saved chunk",
+                meta_rel,
+            )
 
 
 def scan_dcp_tensors(
