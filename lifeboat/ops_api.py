@@ -91,6 +91,9 @@ class OpsClient:
             f"nothing to resume run {run!r} from", "GET", f"/runs/{quote_key(run)}/latest{query}"
         )
 
+    def goodput(self, run: str) -> dict:
+        return self._call(f"run {run!r}", "GET", f"/runs/{quote_key(run)}/goodput")
+
     def validate(self, checkpoint_id: int) -> dict:
         return self._call(
             f"cannot check checkpoint {checkpoint_id}",

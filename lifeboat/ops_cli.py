@@ -237,6 +237,61 @@ def _resume(args) -> int:
     return OK
 
 
+CAUSES = (
+    ("lost_work", "lost work (redone after a failure)"),
+    ("restart", "restart (failure to the next start)"),
+    ("restore", "restore (start to first step)"),
+    ("checkpoint_save", "checkpoint saves"),
+    ("idle", "idle (silent, no step gained)"),
+    ("other", "other (startup, gaps)"),
+)
+
+
+def _goodput(args) -> int:
+    answer = _client(args).goodput(args.run)
+    if args.json:
+        _print_json(answer)
+        return OK
+    wall = answer.get("wall_seconds") or 0
+    attempts = answer.get("attempts") or []
+    print(
+        f"training of {fmt.clean(args.run)}: {len(attempts)} attempt{'s' * (len(attempts) != 1)}"
+        f", {answer.get('failures', 0)} failed, {answer.get('preemptions', 0)} preempted"
+    )
+    money = f", cost {answer['cost']:,.2f}" if answer.get("cost") is not None else ""
+    print(
+        f"goodput {fmt.share(answer.get('goodput'))} of {fmt.duration(wall)}: "
+        f"{fmt.duration(answer.get('productive_seconds'))} became kept progress "
+        f"({answer.get('productive_gpu_hours', 0):,.2f} of {answer.get('gpu_hours', 0):,.2f} "
+        f"GPU-hours{money})"
+    )
+    badput = answer.get("badput") or {}
+    rows = [
+        [
+            label,
+            fmt.duration(badput.get(key)),
+            fmt.share(badput.get(key, 0) / wall if wall else None),
+        ]
+        for key, label in CAUSES
+    ]
+    print("\nwhere the rest went")
+    print(fmt.table(["cause", "time", "share"], rows, right=("time", "share")))
+    if answer.get("lost_cost") is not None:
+        print(f"lost: {answer['lost_cost']:,.2f}")
+    rows = [
+        [a.get("run"), a.get("status"), fmt.duration(a.get("seconds")),
+         fmt.duration(a.get("productive")), fmt.duration(a.get("lost_work")),
+         fmt.duration(a.get("restore"))]
+        for a in attempts
+    ]  # fmt: skip
+    print("\nattempts")
+    print(fmt.table(
+        ["run", "status", "time", "productive", "lost", "restore"], rows,
+        right=("time", "productive", "lost", "restore"),
+    ))  # fmt: skip
+    return OK
+
+
 def add_commands(commands) -> dict:
     """Add the operator's commands to `commands` (the subparsers); returns their
     handlers by name."""
@@ -313,6 +368,12 @@ def add_commands(commands) -> dict:
         check.add_argument("--quiet", action="store_true", help="no progress line")
         output(check)
 
+    goodput = command(
+        "goodput", "how much of a training's time became kept progress, and where the rest went"
+    )
+    goodput.add_argument("run", help="a run of the training (any of its attempts)")
+    output(goodput)
+
     resume = command("resume", "restart a run from a checkpoint with a launch profile")
     resume.add_argument("id", type=int, help="the checkpoint id")
     resume.add_argument("--profile", required=True, help="the launch profile's name")
@@ -331,4 +392,5 @@ def add_commands(commands) -> dict:
         "validate": lambda args: _check(args, "integrity"),
         "restore-test": lambda args: _check(args, "restore"),
         "resume": _resume,
+        "goodput": _goodput,
     }

@@ -59,6 +59,19 @@ def duration(seconds: float | None) -> str:
     return f"{days}d {hours}h" if hours else f"{days}d"
 
 
+def share(fraction: float | None) -> str:
+    """A share as people read one: 0.628 -> '62.8 %', 0.0123 -> '1.23 %', 0.00000643 ->
+    '< 0.01 %', 0 -> '0 %'."""
+    if fraction is None:
+        return "-"
+    percent = fraction * 100
+    if percent == 0:
+        return "0 %"
+    if percent < 0.01:
+        return "< 0.01 %"
+    return f"{percent:.2f} %" if percent < 10 else f"{percent:.1f} %"
+
+
 def took(start: str | None, end: str | None) -> str:
     """How long from one API time to another ('-' when either is unknown)."""
     began, ended = parse_time(start), parse_time(end)

@@ -71,6 +71,19 @@ def test_it_crashes_then_resumes_from_the_last_verified_epoch(
     run.refresh_from_db()
     assert run.status == "finished"
     assert sorted(Checkpoint.objects.filter(run=run).values_list("step", flat=True)) == [23, 46, 69]
+    # Its goodput ledger: two attempts of one run key, the second from step 46; the
+    # steps after 46 were lost and redone, and the parts add up to the elapsed time.
+    from webapp.domain.health import goodput
+
+    ledger = goodput.for_run(run)
+    assert [(a["attempt"], a["status"]) for a in ledger.attempts] == [
+        (1, "failed"),
+        (2, "finished"),
+    ]
+    assert ledger.failures == 1 and ledger.badput["lost_work"] > 0
+    assert ledger.badput["restore"] > 0 and ledger.badput["checkpoint_save"] > 0
+    parts = ledger.productive_seconds + sum(ledger.badput.values())
+    assert parts == pytest.approx(ledger.wall_seconds) and ledger.overlap_seconds == 0
     # Deterministic training: the resumed job repeats the losses of steps 47..50 exactly.
     all_losses = losses(Event.objects.filter(run=run, type="metrics").order_by("received_at"))
     for step in range(47, 51):

@@ -324,6 +324,14 @@ BADGE_ENDED_HOURS = env_int("BADGE_ENDED_HOURS", 24, minimum=1)
 ANALYTICS_MTBF_MIN_FAILURES = env_int("ANALYTICS_MTBF_MIN_FAILURES", 3, minimum=1)
 ANALYTICS_MTBF_MIN_HOURS = env_int("ANALYTICS_MTBF_MIN_HOURS", 24, minimum=0)
 ANALYTICS_DEFAULT_MTBF_HOURS = env_int("ANALYTICS_DEFAULT_MTBF_HOURS", 0, minimum=0)
+# An event's own time is believed unless it is later than its receipt by more than
+# EVENT_CLOCK_AHEAD_S or older by more than EVENT_CLOCK_BEHIND_S (a spool keeps events
+# through an outage); then its receipt time stands in (webapp/domain/ingest/clock.py).
+EVENT_CLOCK_AHEAD_S = env_int("EVENT_CLOCK_AHEAD_S", 300, minimum=0)
+EVENT_CLOCK_BEHIND_S = env_int("EVENT_CLOCK_BEHIND_S", 365 * 86400, minimum=0)
+# Goodput (docs/analytics.md): a run silent for longer than this, with no step gained
+# across the silence, counts that stretch as idle.
+GOODPUT_IDLE_AFTER_S = env_int("GOODPUT_IDLE_AFTER_S", 600, minimum=1)
 
 # --- Redis and Celery ----------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")

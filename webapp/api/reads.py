@@ -334,6 +334,18 @@ def run_analytics(request, key: RunKeyPath, mtbf_hours: MtbfHours = None):
     return analytics.for_run(_run(request, key), mtbf_seconds=mtbf).as_dict()
 
 
+@router.get(
+    "/runs/{path:key}/goodput", auth=read_auth, response={200: dict[str, Any], 404: ErrorOut}
+)
+def run_goodput(request, key: RunKeyPath):
+    """How much of this run's training (the run and the runs resumed from it, and theirs)
+    became kept progress, and where the rest went (docs/analytics.md, "Goodput")."""
+    from webapp.domain.health import goodput
+
+    run = _run(request, key)
+    return goodput.for_run(run).as_dict(run.project.gpu_hour_price)
+
+
 @router.get("/runs/{path:key}", auth=read_auth, response={200: RunOut, 404: ErrorOut})
 def get_run(request, key: RunKeyPath):
     return _run(request, key)

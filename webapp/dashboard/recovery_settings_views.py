@@ -115,6 +115,13 @@ class RecoveryForm(forms.Form):
         help_text="Stop automatic resumes of a lineage (one alert) after this many "
         "attempts in a row made no progress.",
     )
+    gpu_hour_price = forms.FloatField(
+        required=False,
+        min_value=0,
+        max_value=10_000,
+        help_text="What one GPU-hour costs, in your currency: the goodput figures then say "
+        "what lost time cost. Empty: no money figures.",
+    )
     restore_checks = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 5, "cols": 70, "spellcheck": "false"}),
@@ -152,6 +159,7 @@ def recovery(request):
         "max_restarts": project.max_restarts,
         "quarantine_after": project.quarantine_after,
         "loop_after": project.loop_after,
+        "gpu_hour_price": project.gpu_hour_price,
         "restore_checks": json.dumps(project.restore_checks, indent=2)
         if project.restore_checks
         else "",
@@ -168,6 +176,7 @@ def recovery(request):
             # Left out (a script posting the older fields only): unchanged.
             "quarantine_after": data["quarantine_after"] or project.quarantine_after,
             "loop_after": data["loop_after"] or project.loop_after,
+            "gpu_hour_price": data["gpu_hour_price"],
             "restore_checks": data["restore_checks"],
         }
         old = {
@@ -178,6 +187,7 @@ def recovery(request):
             "max_restarts": project.max_restarts,
             "quarantine_after": project.quarantine_after,
             "loop_after": project.loop_after,
+            "gpu_hour_price": project.gpu_hour_price,
             "restore_checks": project.restore_checks,
         }
         changed = [name for name in new if new[name] != old[name]]
@@ -188,6 +198,7 @@ def recovery(request):
                 project.max_restarts = new["max_restarts"]
                 project.quarantine_after = new["quarantine_after"]
                 project.loop_after = new["loop_after"]
+                project.gpu_hour_price = new["gpu_hour_price"]
                 project.restore_checks = new["restore_checks"]
                 project.save(
                     update_fields=[
@@ -196,6 +207,7 @@ def recovery(request):
                         "max_restarts",
                         "quarantine_after",
                         "loop_after",
+                        "gpu_hour_price",
                         "restore_checks",
                     ]
                 )

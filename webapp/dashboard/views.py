@@ -5,8 +5,6 @@ token and an audit Event."""
 
 from __future__ import annotations
 
-import contextlib
-
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -23,6 +21,7 @@ from django_htmx.http import HttpResponseStopPolling
 
 from webapp.dashboard import charts
 from webapp.dashboard.access import actor_of, project_view, visible_projects
+from webapp.dashboard.analytics_views import analytics_context
 from webapp.dashboard.run_sorting import RUN_SORTS, pager_labels, run_ordering, sort_and_direction
 from webapp.domain import actions
 from webapp.domain.actions import ActionRefused
@@ -212,7 +211,7 @@ def run_detail(request, key: str):
         # checkpoint of the run and the project's runs, so it has a request of its own too.
         run = get_object_or_404(Run, project=project, key=key)
         return render(
-            request, "dashboard/run_detail.html#analytics", _analytics_context(request, run)
+            request, "dashboard/run_detail.html#analytics", analytics_context(request, run)
         )
     run = get_object_or_404(
         Run.objects.filter(project=project)
@@ -247,7 +246,7 @@ def run_detail(request, key: str):
         analytics_url=f"{request.path}?analytics=1",
     )
     if "analytics" in request.GET:  # without JavaScript: drawn in the page
-        context.update(_analytics_context(request, run))
+        context.update(analytics_context(request, run))
     return render(request, "dashboard/run_detail.html", context)
 
 
@@ -270,29 +269,6 @@ def _time_to_recover(run) -> dict | None:
         phases = [v for k, v in timings.items() if k.endswith("_s") and isinstance(v, int | float)]
         total = sum(phases)
     return {**row, "seconds": total}
-
-
-MTBF_HOURS_MAX = 24 * 365 * 10
-
-
-def _analytics_context(request, run) -> dict:
-    from webapp.domain.health import analytics
-
-    mtbf_hours = None
-    with contextlib.suppress(ValueError):
-        mtbf_hours = float(request.GET.get("mtbf_hours", ""))
-    if mtbf_hours is not None and not 0 < mtbf_hours <= MTBF_HOURS_MAX:
-        mtbf_hours = None
-    run.project = request.project  # for_run asks for it; no second query
-    figures = analytics.for_run(run, mtbf_seconds=mtbf_hours * 3600 if mtbf_hours else None)
-    return {
-        "project": request.project,
-        "run": run,
-        "a": figures,
-        "mtbf_hours": mtbf_hours,
-        "interval_chart": charts.interval_chart(figures),
-        "analytics_path": request.path,
-    }
 
 
 # --- The checkpoint page and its actions ------------------------------------------------

@@ -80,9 +80,11 @@ def eta(value) -> str:
 
 @register.filter
 def percent(fraction) -> str:
-    """0.0123 -> '1.23 %'."""
+    """0.0123 -> '1.23 %'; 0.00000643 -> '< 0.01 %' (not '0.000643 %')."""
     number = finite(fraction)
     if number is None:
         return ""
     value = number * 100
+    if 0 < abs(value) < 0.01:
+        return "< 0.01 %" if value > 0 else "> -0.01 %"
     return f"{value:.3g} %" if abs(value) < 100 else f"{value:.0f} %"

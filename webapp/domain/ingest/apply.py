@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from django.db import connection, transaction
 from django.utils import timezone
 
+from webapp.domain.ingest import clock
 from webapp.domain.ingest.bulk_select import (
     select_locked,
     select_locked_by_key_later,
@@ -177,6 +178,7 @@ def _store(project, keys, events, unique, actors, raw, safe, together: bool):
             )
             existing = _lock_checkpoints(runs, events, unique)
         fresh = [events[i] for i in unique if events[i].id in inserted]
+        _believable_times(fresh, now)
         # Applied in time order so that a batch replayed from a spool, or events that
         # crossed on the network, end in the state the newest event describes.
         fresh.sort(key=lambda e: e.time)
@@ -186,6 +188,16 @@ def _store(project, keys, events, unique, actors, raw, safe, together: bool):
         # holds this one (then that caller commits).
         enqueued = applier.flush(commit=together and len(connection.atomic_blocks) == 1)
     return inserted, enqueued
+
+
+def _believable_times(events: list, now) -> None:
+    """Events are stored as claimed and folded in with a time that can be true
+    (clock.believable_times); `clock_off` marks those whose claim was not believed, so
+    that a start stamped impossibly is not taken for a requeue."""
+    rows = [(e.run, e.type, e.time, now) for e in events]
+    for event, when in zip(events, clock.believable_times(rows), strict=True):
+        event.clock_off = when != event.time
+        event.time = when
 
 
 def _read_and_insert_together(project: Project, keys: list[str], events, unique, row):

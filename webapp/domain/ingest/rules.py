@@ -82,7 +82,9 @@ class Applier(PartsFolding):
         if event.resumed_from is not None:
             self._touch(run, "resumed_from_ref", str(event.resumed_from))
             self._touch(run, "resumed_from_id", self._resolve_checkpoint(event.resumed_from))
-        if run.ended_at is None or event.time > run.ended_at:
+        if not getattr(event, "clock_off", False) and (
+            run.ended_at is None or event.time > run.ended_at
+        ):
             # Started after its last end: the same key running again (a requeue).
             self._touch(run, "status", RunStatus.RUNNING)
             self._touch(run, "ended_at", None)

@@ -86,6 +86,9 @@ class Project(models.Model):
     # attempts in a row made no progress (a restart loop).
     quarantine_after = models.PositiveIntegerField(default=2, db_default=2)
     loop_after = models.PositiveIntegerField(default=3, db_default=3)
+    # What one GPU-hour costs this project, for the goodput ledger's money figures
+    # (webapp/domain/health/goodput.py); None: no money figures.
+    gpu_hour_price = models.FloatField(null=True, blank=True)
     # Status badges (webapp/domain/health/badges.py) are served without a token at URLs that
     # carry this key; an admin regenerates it to retire every URL given out so far.
     badge_key = models.CharField(max_length=32, unique=True, default=new_badge_key)

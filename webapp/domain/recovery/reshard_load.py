@@ -286,6 +286,9 @@ def check(request: dict) -> dict:
     saved_n = dcp_world_size(sorted(files), root) or 1
     result["saved_world_size"] = saved_n
     folder = os.path.join(base, root)
+    # Every world size's ranks are forked before this process runs any torch computation:
+    # a rank forked after torch's OpenMP threads have worked can hang in them. The
+    # reference is built after.
     loads = {}
     for world_size in request["world_sizes"]:
         started = time.perf_counter()
