@@ -337,13 +337,19 @@ def run_analytics(request, key: RunKeyPath, mtbf_hours: MtbfHours = None):
 @router.get(
     "/runs/{path:key}/goodput", auth=read_auth, response={200: dict[str, Any], 404: ErrorOut}
 )
-def run_goodput(request, key: RunKeyPath):
+def run_goodput(request, key: RunKeyPath, mtbf_hours: MtbfHours = None):
     """How much of this run's training (the run and the runs resumed from it, and theirs)
-    became kept progress, and where the rest went (docs/analytics.md, "Goodput")."""
+    became kept progress, where the rest went, and what Daly's interval would change
+    (docs/analytics.md, "Goodput")."""
     from webapp.domain.health import goodput
 
     run = _run(request, key)
-    return goodput.for_run(run).as_dict(run.project.gpu_hour_price)
+    measured = goodput.for_run(run)
+    mtbf = mtbf_hours * 3600 if mtbf_hours is not None else None
+    return {
+        **measured.as_dict(run.project.gpu_hour_price),
+        "what_if": goodput.what_if(run, measured, mtbf),
+    }
 
 
 @router.get("/runs/{path:key}", auth=read_auth, response={200: RunOut, 404: ErrorOut})

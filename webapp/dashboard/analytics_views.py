@@ -30,13 +30,15 @@ def analytics_context(request, run) -> dict:
         mtbf_hours = None
     run.project = request.project  # for_run asks for it; no second query
     figures = analytics.for_run(run, mtbf_seconds=mtbf_hours * 3600 if mtbf_hours else None)
-    ledger = goodput.for_run(run).as_dict(request.project.gpu_hour_price)
+    measured = goodput.for_run(run)
+    ledger = measured.as_dict(request.project.gpu_hour_price)
     return {
         "project": request.project,
         "run": run,
         "a": figures,
         "g": ledger,
         "g_causes": [(label, ledger["badput"][key]) for key, label in CAUSES],
+        "what_if": goodput.what_if(run, measured, figures=figures),
         "mtbf_hours": mtbf_hours,
         "interval_chart": charts.interval_chart(figures),
         "analytics_path": request.path,

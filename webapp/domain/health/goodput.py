@@ -353,3 +353,30 @@ def _fold(attempt: Attempt, type_: str, step, when: datetime, data: dict) -> Non
 
 def for_run(run, now=None) -> Ledger:
     return ledger(attempts_of(family_of(run)), now)
+
+
+def what_if(run, measured: Ledger, mtbf_seconds: float | None = None, figures=None) -> dict:
+    """The measured goodput beside what Daly's model expects at the interval the run uses
+    and at Daly's interval, with the same save time, MTBF and restart time
+    (health/analytics.py): what changing the interval would buy. The model counts saves,
+    lost work and restarts only, so compare the difference, not the levels."""
+    from webapp.domain.health import analytics
+
+    figures = figures or analytics.for_run(run, mtbf_seconds=mtbf_seconds)
+    now_waste, daly_waste = figures.waste_actual, figures.waste_daly
+    gain = None
+    if now_waste is not None and daly_waste is not None:
+        gain = (now_waste - daly_waste) * measured.wall_seconds
+    return {
+        "mtbf_seconds": figures.mtbf_seconds,
+        "mtbf_basis": figures.mtbf_basis,
+        "mtbf_source": figures.mtbf_source,
+        "save_seconds": figures.save_seconds_median,
+        "restart_seconds": figures.restore_seconds,
+        "interval_seconds": figures.interval_seconds_actual,
+        "modelled_goodput": 1 - now_waste if now_waste is not None else None,
+        "daly_interval_seconds": figures.daly_interval_seconds,
+        "modelled_goodput_at_daly": 1 - daly_waste if daly_waste is not None else None,
+        "gain_seconds": gain,
+        "notes": figures.notes,
+    }
