@@ -61,8 +61,9 @@ CHECKPOINT_PAGE_QUERIES = 3 + 1 + 1 + 1 + 1 + 1 + 1 + 1  # checkpoint, checks (r
 # tests too), replicas, resumes, can it be resumed from, files, launch profiles (tensors
 # are in the row)
 # The analytics: run, checkpoints, the project's running time and failures for the MTBF
-# (one aggregate; none when an MTBF is assumed), the latest restore test
-ANALYTICS_QUERIES = 3 + 1 + 1 + 1 + 1
+# (one aggregate; none when an MTBF is assumed), the latest restore test; the goodput of
+# its training: the runs resumed from it (one a generation), its events
+ANALYTICS_QUERIES = 3 + 1 + 1 + 1 + 1 + 1 + 1
 TOKENS_PAGE_QUERIES = 3 + 1  # the tokens with their creators
 
 

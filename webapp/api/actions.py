@@ -8,7 +8,10 @@ id and "coalesced": true. A checkpoint of another project is simply not found.""
 
 from __future__ import annotations
 
-from ninja import Field, Router, Schema, Status
+from typing import Annotated
+
+from ninja import Router, Schema, Status
+from pydantic import Field, WithJsonSchema
 
 from webapp.api.auth import operate_auth
 from webapp.api.errors import ApiError, ErrorOut
@@ -18,6 +21,7 @@ from webapp.api.params import BodyIn, CheckpointId, Name, ResumeId
 from webapp.api.reads import ResumeOut
 from webapp.domain import actions
 from webapp.domain.actions import ActionRefused
+from webapp.domain.ingest.event_schema import Integer
 
 router = Router(tags=["runs and checkpoints"])
 
@@ -173,11 +177,20 @@ def replicate(request, checkpoint_id: CheckpointId, body: ReplicateIn | None = N
     )
 
 
+# A whole number, 5 or 5.0 (JSON does not tell them apart), never true or "5"; the schema
+# says so itself: the validator in front of the bounds would hide them from it.
+WorldSize = Annotated[
+    Integer,
+    Field(ge=1, le=100_000),
+    WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 100_000}),
+]
+
+
 class ResumeIn(BodyIn):
     profile: Name
     # Launch on this many ranks ({{world_size}} in the profile's command); a DCP
     # checkpoint is first loaded on it when it is not the world size that saved it.
-    world_size: int | None = Field(default=None, ge=1, le=100_000)
+    world_size: WorldSize | None = None
 
 
 @router.post(
