@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -50,7 +52,17 @@ def _save_rank(rank: int, world_size: int, folder: str, store: str, seed: int) -
 
 
 def save_on_ranks(folder: Path, world_size: int, seed: int = 0) -> list[str]:
-    """Writes state(seed) from `world_size` ranks into `folder`; returns its files."""
+    """Writes state(seed) from `world_size` ranks into `folder`; returns its files. The
+    ranks are forked from a fresh interpreter: forked from the test process, which has
+    run torch's OpenMP code already, a rank can hang in it."""
+    subprocess.run(
+        [sys.executable, "-m", "tests.dcp_ranks", str(folder), str(world_size), str(seed)],
+        cwd=Path(__file__).resolve().parents[1], check=True, timeout=300,
+    )  # fmt: skip
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def _save_here(folder: Path, world_size: int, seed: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     store = Path(tempfile.mkdtemp(prefix="dcp-store-")) / "store"
     context = multiprocessing.get_context("fork")
@@ -62,5 +74,9 @@ def save_on_ranks(folder: Path, world_size: int, seed: int = 0) -> list[str]:
         process.start()
     for process in ranks:
         process.join(120)
-    assert all(p.exitcode == 0 for p in ranks), [p.exitcode for p in ranks]
-    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    if any(p.exitcode != 0 for p in ranks):
+        raise SystemExit(f"ranks exited with {[p.exitcode for p in ranks]}")
+
+
+if __name__ == "__main__":
+    _save_here(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
