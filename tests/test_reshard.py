@@ -274,3 +274,24 @@ def test_validation_names_a_tensor_whose_chunks_leave_a_gap(eight_ranks, tmp_pat
         ".metadata: the chunks of model.head.weight hold 672 of its 768 elements: the rest "
         "are in no saved chunk",
     )]  # fmt: skip
+
+
+def test_metadata_claiming_more_than_its_shards_hold_is_refused_before_any_allocation(
+    eight_ranks, tmp_path
+):
+    """A .metadata that says a tensor has 10^12 rows: every rank would allocate its share
+    of it. Refused, with both figures, before a rank is started."""
+    folder = tmp_path / "huge"
+    folder.mkdir()
+    for path in eight_ranks.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    metadata = pickle.loads((folder / ".metadata").read_bytes())  # noqa: S301 (written above)
+    item = metadata.state_dict_metadata["model.embed.weight"]
+    item.size = type(item.size)([10**12, 16])
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+
+    result = reshard.run_child(folder, sorted(p.name for p in folder.iterdir()), [2])
+
+    assert result["results"] == []
+    assert result["error"].startswith(".metadata describes 64,000,000,")
+    assert "bytes of tensors but its shards hold" in result["error"]

@@ -283,6 +283,21 @@ def check(request: dict) -> dict:
         result["error"] = report.findings[0]["message"] if report.findings else meta_rel
         return result
     tensors = _tensor_items(metadata)
+    # Every rank allocates its share of every tensor .metadata describes, and the reference
+    # each whole tensor: sizes that the shards cannot hold (a lie, or compressed chunks)
+    # would have the worker allocate what the job chose. Refused before any allocation.
+    claimed = sum(math.prod(size) * dtype.itemsize for size, dtype in tensors.values())
+    stored = sum(
+        os.path.getsize(os.path.join(base, f))
+        for f in files
+        if f.endswith(".distcp") and f.rpartition("/")[0] == root
+    )
+    if claimed > stored:
+        result["error"] = (
+            f"{meta_rel} describes {claimed:,} bytes of tensors but its shards hold "
+            f"{stored:,}: not loaded on another world size"
+        )
+        return result
     saved_n = dcp_world_size(sorted(files), root) or 1
     result["saved_world_size"] = saved_n
     folder = os.path.join(base, root)
