@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, wait_for
+from webapp.domain.health import goodput
 from webapp.domain.models import Checkpoint, Event, Run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -73,8 +74,6 @@ def test_it_crashes_then_resumes_from_the_last_verified_epoch(
     assert sorted(Checkpoint.objects.filter(run=run).values_list("step", flat=True)) == [23, 46, 69]
     # Its goodput ledger: two attempts of one run key, the second from step 46; the
     # steps after 46 were lost and redone, and the parts add up to the elapsed time.
-    from webapp.domain.health import goodput
-
     ledger = goodput.for_run(run)
     assert [(a["attempt"], a["status"]) for a in ledger.attempts] == [
         (1, "failed"),

@@ -12,6 +12,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from lifeboat import ops_format
+from tests.test_cli_ops import cli_env, lifeboat
+from tests.test_dashboard import as_user
+from webapp.dashboard.templatetags.numbers import percent
+from webapp.domain.health import analytics
 from webapp.domain.models import Checkpoint, Run
 
 pytestmark = pytest.mark.django_db
@@ -211,8 +216,6 @@ def test_an_unknown_run_is_404(api, token, project):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_cli_prints_the_ledger_people_read(server, api, token, project, tmp_path):
-    from tests.test_cli_ops import cli_env, lifeboat
-
     first, second = one_failure()
     post(api, token, first)
     post(api, token, second())
@@ -234,8 +237,6 @@ def test_the_cli_prints_the_ledger_people_read(server, api, token, project, tmp_
 
 
 def test_the_run_page_shows_the_training_s_goodput(api, token, project, viewer):
-    from tests.test_dashboard import as_user
-
     project.gpu_hour_price = 3
     project.save()
     first, second = one_failure()
@@ -252,9 +253,6 @@ def test_the_run_page_shows_the_training_s_goodput(api, token, project, viewer):
 
 
 def test_a_tiny_share_reads_as_less_than_a_hundredth_of_a_percent():
-    from lifeboat import ops_format
-    from webapp.dashboard.templatetags.numbers import percent
-
     assert percent(0.00000643) == ops_format.share(0.00000643) == "< 0.01 %"
     assert percent(0.628) == "62.8 %" and ops_format.share(0.628) == "62.8 %"
 
@@ -284,8 +282,6 @@ def test_a_run_key_started_again_is_a_second_attempt(api, token, project, ended)
 def test_what_daly_s_interval_would_change(api, token, project):
     """Beside the measured ledger: Daly's model at the interval the run uses (a checkpoint
     every 20 minutes, 60 s each) and at Daly's interval, for an assumed MTBF of 1 h."""
-    from webapp.domain.health import analytics
-
     post(api, token, attempt("r", 0, 600, 9000, "run.finished", saves=[1800, 3000, 4200, 5400]))
 
     answer = api.get(token, "/runs/r/goodput", mtbf_hours=1).json()["what_if"]
@@ -306,8 +302,6 @@ def test_what_daly_s_interval_would_change(api, token, project):
 
 
 def test_the_run_page_says_what_daly_s_interval_would_buy(api, token, project, viewer):
-    from tests.test_dashboard import as_user
-
     post(api, token, attempt("r", 0, 600, 9000, "run.finished", saves=[1800, 3000, 4200, 5400]))
 
     page = as_user(viewer).get("/p/alpha/runs/r/", {"analytics": "1", "mtbf_hours": "1"})
