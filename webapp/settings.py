@@ -332,6 +332,11 @@ EVENT_CLOCK_BEHIND_S = env_int("EVENT_CLOCK_BEHIND_S", 365 * 86400, minimum=0)
 # Goodput (docs/analytics.md): a run silent for longer than this, with no step gained
 # across the silence, counts that stretch as idle.
 GOODPUT_IDLE_AFTER_S = env_int("GOODPUT_IDLE_AFTER_S", 600, minimum=1)
+# The project's goodput view reads each run's share of its training's ledger, computed
+# again every GOODPUT_REFRESH_S for the runs that changed, at most GOODPUT_REFRESH_MAX_RUNS
+# runs a pass (webapp/domain/health/goodput_store.py).
+GOODPUT_REFRESH_S = env_int("GOODPUT_REFRESH_S", 300, minimum=10)
+GOODPUT_REFRESH_MAX_RUNS = env_int("GOODPUT_REFRESH_MAX_RUNS", 2000, minimum=1)
 
 # --- Redis and Celery ----------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -50,6 +50,10 @@ app.conf.beat_schedule = {
         "task": "workers.replicate.abort_abandoned_uploads",
         "schedule": 3600.0,
     },
+    "refresh-goodput": {
+        "task": "workers.analytics.refresh_goodput",
+        "schedule": float(settings.GOODPUT_REFRESH_S),
+    },
     "apply-retention": {
         "task": "workers.retention.apply_all",
         "schedule": 3600.0,
@@ -67,4 +71,5 @@ app.conf.imports = (
     "workers.alerts",
     "workers.restore",
     "workers.launch",
+    "workers.analytics",
 )

@@ -31,6 +31,8 @@ ROUTES = {
     "workers.launch.*": {"queue": "launch"},
     # Quick and urgent: never behind a 100 GB validation.
     "workers.alerts.*": {"queue": "alerts"},
+    # Bounded passes (GOODPUT_REFRESH_MAX_RUNS runs), reading rows: beside the alerts.
+    "workers.analytics.*": {"queue": "alerts"},
     # Retention deletes local copies: it runs where the training file system is seen.
     "workers.retention.*": {"queue": "validate"},
 }

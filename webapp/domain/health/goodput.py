@@ -33,6 +33,11 @@ from webapp.domain.ingest.clock import believable_times
 
 CAUSES = ("checkpoint_save", "lost_work", "restart", "restore", "idle", "other")
 ENDED_BADLY = ("failed", "preempted")
+# A run's share of its family's ledger (Ledger.runs), in seconds.
+SHARE_FIGURES = (
+    "wall_seconds", "running_seconds", "productive_seconds", *CAUSES, "overlap_seconds",
+    "gpu_seconds", "productive_gpu_seconds",
+)  # fmt: skip
 _TYPES = (
     "run.started", "run.heartbeat", "metrics", "checkpoint.saved",
     "run.finished", "run.failed", "run.preempted",
@@ -72,6 +77,10 @@ class Ledger:
     failures: int = 0
     preemptions: int = 0
     attempts: list[dict] = field(default_factory=list)
+    # Each run's share, summing to the family's figures: its attempts' split, the restart
+    # before each of them, and for the first run the family's `other` and overlap
+    # (goodput_store.py keeps these for the project's view).
+    runs: dict[int, dict] = field(default_factory=dict)
 
     @property
     def goodput(self) -> float | None:
@@ -216,6 +225,16 @@ def ledger(attempts: list[Attempt], now: datetime | None = None) -> Ledger:
         row = attempt_ledger(attempt, _kept_step(attempt, by_parent.get(me, [])), now)
         ends[me] = attempt.end or now
         out.attempts.append(row)
+        share = _share(out, attempt)
+        share["running_seconds"] += row["seconds"]
+        share["gpu_seconds"] += row["seconds"] * attempt.gpus
+        share["productive_seconds"] += row["productive"]
+        share["productive_gpu_seconds"] += row["productive"] * attempt.gpus
+        for cause in ("checkpoint_save", "lost_work", "restore", "idle"):
+            share[cause] += row[cause]
+        share["other"] += row["startup"]
+        share["failures"] += attempt.status == "failed"
+        share["preemptions"] += attempt.status == "preempted"
         out.productive_seconds += row["productive"]
         out.productive_gpu_seconds += row["productive"] * attempt.gpus
         out.gpu_seconds += row["seconds"] * attempt.gpus
@@ -230,13 +249,37 @@ def ledger(attempts: list[Attempt], now: datetime | None = None) -> Ledger:
             gap = _seconds(parent_end, attempt.start)
             out.badput["restart"] += gap
             out.gpu_seconds += gap * attempt.gpus
+            share = out.runs[attempt.run_id]
+            share["restart"] += gap
+            share["gpu_seconds"] += gap * attempt.gpus
     out.wall_seconds = _seconds(attempts[0].start, max(ends.values()))
     accounted = out.productive_seconds + sum(out.badput.values())
+    first = out.runs[attempts[0].run_id]
     if accounted > out.wall_seconds:
-        out.overlap_seconds = accounted - out.wall_seconds
+        out.overlap_seconds = first["overlap_seconds"] = accounted - out.wall_seconds
     else:
         out.badput["other"] += out.wall_seconds - accounted
+        first["other"] += out.wall_seconds - accounted
+    for share in out.runs.values():
+        share["wall_seconds"] = share["productive_seconds"] - share["overlap_seconds"]
+        share["wall_seconds"] += sum(share[cause] for cause in CAUSES)
     return out
+
+
+def _share(out: Ledger, attempt: Attempt) -> dict:
+    if attempt.run_id not in out.runs:
+        out.runs[attempt.run_id] = {
+            "start": attempt.start,
+            "end": attempt.end,
+            "gpus": attempt.gpus,
+            **dict.fromkeys(SHARE_FIGURES, 0.0),
+            "failures": 0,
+            "preemptions": 0,
+        }
+    share = out.runs[attempt.run_id]
+    share["start"] = min(share["start"], attempt.start)
+    share["end"] = attempt.end  # the run's last attempt's end (None: still running)
+    return share
 
 
 # --------------------------------------------------------------------------- from the database
@@ -261,7 +304,8 @@ def family_of(run) -> list:
     return list(family.values())
 
 
-def _gpus(run) -> int:
+def gpus_of(run) -> int:
+    """GPUs a run holds: its world size times `gpus_per_rank` of its config (default 1)."""
     per_rank = (run.config or {}).get("gpus_per_rank", 1)
     if isinstance(per_rank, bool) or not isinstance(per_rank, int) or not 0 <= per_rank <= 64:
         per_rank = 1
@@ -298,7 +342,7 @@ def attempts_of(runs: list) -> list[Attempt]:
         if type_ == "run.started":
             if current is not None and current.end is None and not current.signs:
                 continue  # the same start again: the first counts
-            attempt = Attempt(run_id, run.key, "running", _gpus(run), index=len(mine), start=when)
+            attempt = Attempt(run_id, run.key, "running", gpus_of(run), index=len(mine), start=when)
             found = resumed.get((data or {}).get("resumed_from"))
             if found is not None:
                 attempt.from_step = found[1]
@@ -310,7 +354,7 @@ def attempts_of(runs: list) -> list[Attempt]:
             mine.append(attempt)
             continue
         if current is None:  # events before any start: the first of them stands in
-            current = Attempt(run_id, run.key, "running", _gpus(run), start=when)
+            current = Attempt(run_id, run.key, "running", gpus_of(run), start=when)
             mine.append(current)
         _fold(current, type_, step, when, data or {})
     for run in runs:

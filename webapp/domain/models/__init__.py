@@ -9,6 +9,7 @@ from webapp.domain.models.checkpoints import (
     MetricPoint,
 )
 from webapp.domain.models.events import Event
+from webapp.domain.models.goodput import RunGoodput
 from webapp.domain.models.projects import (
     ApiToken,
     LaunchProfile,
@@ -43,6 +44,7 @@ __all__ = [
     "Resume",
     "RetentionPolicy",
     "Run",
+    "RunGoodput",
     "RunStats",
     "SavedChunks",
     "StorageTarget",
