@@ -1,14 +1,17 @@
-"""Reads about the project as a whole (scope read): its problems, and the live workers
-per queue and host with the hosts whose work nobody takes (webapp/domain/health/)."""
+"""Reads about the project as a whole (scope read): its problems, the live workers per
+queue and host with the hosts whose work nobody takes, and its goodput
+(webapp/domain/health/)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
-from ninja import Router, Schema
+from ninja import Query, Router, Schema
 
 from webapp.api.auth import read_auth
-from webapp.domain.health import live_workers, problems
+from webapp.api.params import Limit
+from webapp.domain.health import goodput_report, live_workers, problems
 
 router = Router(tags=["project"])
 
@@ -59,3 +62,18 @@ def list_workers(request):
             for host, entry in sorted(stranded.items())
         ],
     }
+
+
+@router.get("/goodput", auth=read_auth, response={200: dict[str, Any]})
+def project_goodput(
+    request,
+    since: Annotated[datetime | None, Query()] = None,
+    group_by: Annotated[Literal[goodput_report.GROUPS], Query()] = "run",
+    limit: Limit = 20,
+):
+    """How much of the project's GPU time became kept progress and where the rest went,
+    with the trainings, tags or hosts that lost most, and the measured MTBF
+    (docs/analytics.md, "A project's goodput")."""
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=UTC)  # a time without a zone is UTC, as in events
+    return goodput_report.report(request.auth.project, since, group_by, limit)

@@ -22,7 +22,16 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from django.conf import settings
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum, Value
+from django.db.models import (
+    Count,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    FloatField,
+    Q,
+    Sum,
+    Value,
+)
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -154,11 +163,40 @@ def mtbf_minimums() -> tuple[int, float]:
     return settings.ANALYTICS_MTBF_MIN_FAILURES, float(settings.ANALYTICS_MTBF_MIN_HOURS)
 
 
+def host_mtbf(run) -> tuple[float, int, str, str] | None:
+    """M for `run` from the failures measured on its host (the goodput ledger's rows), once
+    the host has ANALYTICS_MTBF_MIN_FAILURES failures over ANALYTICS_MTBF_MIN_HOURS of
+    running time: the host's GPU-hours between failures over the run's GPUs, since any of
+    them failing stops the job. None when the host's history is too short."""
+    from webapp.domain.health import goodput, goodput_report
+
+    if not run.host:
+        return None
+    found = goodput_report.rows(run.project).filter(run__host=run.host)
+    sums = found.aggregate(
+        hours=Sum("running_seconds", default=0.0),
+        gpu_hours=Sum(F("running_seconds") * F("gpus"), output_field=FloatField(), default=0.0),
+        n_failures=Sum("failures", default=0),
+    )
+    need_failures, need_hours = mtbf_minimums()
+    if sums["n_failures"] < need_failures or sums["hours"] < need_hours * 3600:
+        return None
+    measured = goodput_report.mtbf(sums["gpu_hours"] / 3600, sums["n_failures"])
+    gpus = goodput.gpus_of(run)
+    hours = measured.for_gpus(gpus)
+    source = f"measured on host {run.host}: {measured.note}; for this run's {gpus} GPU"
+    source += "s" if gpus != 1 else ""
+    return hours * 3600, sums["n_failures"], source, "host"
+
+
 def _mtbf(run, mtbf_seconds: float | None, now) -> tuple[float | None, int, str, str]:
     """(M, failures seen, source in words, basis): given by the caller, else from the
     project's history when it is long enough, else the deployment's default, else none."""
     if mtbf_seconds is not None:
         return mtbf_seconds, 0, "given", "given"
+    measured = host_mtbf(run)
+    if measured is not None:
+        return measured
     mtbf, failures, source = project_mtbf(run.project, now)
     if mtbf is not None:
         return mtbf, failures, source, "history"
