@@ -4,6 +4,8 @@ rely on (EXIT_CODES, shown by `lifeboat --help` and docs/cli.md)."""
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from lifeboat.config import Config
 from lifeboat.ops_format import clean
 from lifeboat.transport import ServerError, Unreachable, api_url, quote_key, request
@@ -93,6 +95,12 @@ class OpsClient:
 
     def goodput(self, run: str) -> dict:
         return self._call(f"run {run!r}", "GET", f"/runs/{quote_key(run)}/goodput")
+
+    def project_goodput(self, since: str | None, group_by: str, limit: int) -> dict:
+        query = {"group_by": group_by, "limit": max(1, min(int(limit), 1000))}
+        if since:
+            query["since"] = since
+        return self._call("the project's goodput", "GET", f"/goodput?{urlencode(query)}")
 
     def validate(self, checkpoint_id: int) -> dict:
         return self._call(

@@ -11,6 +11,7 @@ import json
 import os
 
 from lifeboat import ops_format as fmt
+from lifeboat import ops_goodput
 from lifeboat.config import Config, process_rank, process_world_size
 from lifeboat.ops_api import EXIT_CODES, NOT_VERIFIED, OK, USAGE, CommandFailed, OpsClient
 from lifeboat.parts import parts_from_env, rank_share
@@ -237,59 +238,8 @@ def _resume(args) -> int:
     return OK
 
 
-CAUSES = (
-    ("lost_work", "lost work (redone after a failure)"),
-    ("restart", "restart (failure to the next start)"),
-    ("restore", "restore (start to first step)"),
-    ("checkpoint_save", "checkpoint saves"),
-    ("idle", "idle (silent, no step gained)"),
-    ("other", "other (startup, gaps)"),
-)
-
-
 def _goodput(args) -> int:
-    answer = _client(args).goodput(args.run)
-    if args.json:
-        _print_json(answer)
-        return OK
-    wall = answer.get("wall_seconds") or 0
-    attempts = answer.get("attempts") or []
-    print(
-        f"training of {fmt.clean(args.run)}: {len(attempts)} attempt{'s' * (len(attempts) != 1)}"
-        f", {answer.get('failures', 0)} failed, {answer.get('preemptions', 0)} preempted"
-    )
-    money = f", cost {answer['cost']:,.2f}" if answer.get("cost") is not None else ""
-    print(
-        f"goodput {fmt.share(answer.get('goodput'))} of {fmt.duration(wall)}: "
-        f"{fmt.duration(answer.get('productive_seconds'))} became kept progress "
-        f"({answer.get('productive_gpu_hours', 0):,.2f} of {answer.get('gpu_hours', 0):,.2f} "
-        f"GPU-hours{money})"
-    )
-    badput = answer.get("badput") or {}
-    rows = [
-        [
-            label,
-            fmt.duration(badput.get(key)),
-            fmt.share(badput.get(key, 0) / wall if wall else None),
-        ]
-        for key, label in CAUSES
-    ]
-    print("\nwhere the rest went")
-    print(fmt.table(["cause", "time", "share"], rows, right=("time", "share")))
-    if answer.get("lost_cost") is not None:
-        print(f"lost: {answer['lost_cost']:,.2f}")
-    rows = [
-        [a.get("run"), a.get("status"), fmt.duration(a.get("seconds")),
-         fmt.duration(a.get("productive")), fmt.duration(a.get("lost_work")),
-         fmt.duration(a.get("restore"))]
-        for a in attempts
-    ]  # fmt: skip
-    print("\nattempts")
-    print(fmt.table(
-        ["run", "status", "time", "productive", "lost", "restore"], rows,
-        right=("time", "productive", "lost", "restore"),
-    ))  # fmt: skip
-    return OK
+    return ops_goodput.run(_client(args), args)
 
 
 def add_commands(commands) -> dict:
@@ -369,9 +319,16 @@ def add_commands(commands) -> dict:
         output(check)
 
     goodput = command(
-        "goodput", "how much of a training's time became kept progress, and where the rest went"
+        "goodput",
+        "how much GPU time became kept progress, and where the rest went: of one training "
+        "(RUN), else of the project",
     )
-    goodput.add_argument("run", help="a run of the training (any of its attempts)")
+    goodput.add_argument("run", nargs="?", help="a run of the training (any of its attempts)")
+    goodput.add_argument("--since", help="the project's view: runs active since (ISO 8601 time)")
+    goodput.add_argument(
+        "--by", choices=("run", "tag", "host"), default="run", help="the project's view's groups"
+    )
+    goodput.add_argument("--limit", type=int, default=10, help="groups shown (10)")
     output(goodput)
 
     resume = command("resume", "restart a run from a checkpoint with a launch profile")
