@@ -4,6 +4,7 @@ from webapp.dashboard import (
     alert_views,
     audit_views,
     badge_views,
+    goodput_views,
     members_views,
     recovery_settings_views,
     recovery_views,
@@ -57,6 +58,7 @@ urlpatterns = [
         name="retention-apply",
     ),
     path("p/<slug:slug>/badges/", badge_views.badges_page, name="badges"),
+    path("p/<slug:slug>/goodput/", goodput_views.goodput_page, name="goodput"),
     path(
         "p/<slug:slug>/badges/regenerate/",
         badge_views.badges_regenerate,
