@@ -11,7 +11,7 @@ import hmac
 
 import redis
 from django.conf import settings
-from django.db.models import Count, Max, Min
+from django.db.models import Count, Max, Min, Sum
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
 
@@ -53,6 +53,7 @@ def collect() -> str:
     _lags(out, now)
     _run_ages(out, now)
     _restores(out)
+    _goodput(out)
     _repairs(out)
     _latency(out)
     return out.text()
@@ -162,6 +163,39 @@ def _restores(out: Exposition) -> None:
         total = (timings or {}).get("total_s")
         if isinstance(total, int | float):
             out.sample("lifeboat_restore_seconds", total, project=slug, run=key)
+
+
+def _goodput(out: Exposition) -> None:
+    """Each project's goodput from the rows the workers keep (health/goodput_store.py):
+    a sum per project, whatever the number of runs behind it."""
+    from webapp.domain.health.goodput import CAUSES
+    from webapp.domain.models import RunGoodput
+
+    names = ("wall_seconds", "productive_seconds", "gpu_seconds", "productive_gpu_seconds")
+    rows = (
+        RunGoodput.objects.values("project__slug")
+        .annotate(**{n: Sum(n) for n in (*names, *CAUSES)})
+        .order_by("project__slug")
+    )
+    families = (
+        ("lifeboat_goodput_ratio", "Kept progress over elapsed time of the project's runs."),
+        ("lifeboat_gpu_hours", "GPU-hours the project's runs held (goodput ledger)."),
+        ("lifeboat_productive_gpu_hours", "Of those, GPU-hours that became kept progress."),
+        ("lifeboat_badput_seconds", "Run time that did not become kept progress, by cause."),
+    )
+    for name, help_text in families:
+        out.family(name, "gauge", help_text)
+    for row in rows:
+        slug = row["project__slug"]
+        if row["wall_seconds"]:
+            ratio = row["productive_seconds"] / row["wall_seconds"]
+            out.sample("lifeboat_goodput_ratio", ratio, project=slug)
+        out.sample("lifeboat_gpu_hours", row["gpu_seconds"] / 3600, project=slug)
+        out.sample(
+            "lifeboat_productive_gpu_hours", row["productive_gpu_seconds"] / 3600, project=slug
+        )
+        for cause in CAUSES:
+            out.sample("lifeboat_badput_seconds", row[cause], cause=cause, project=slug)
 
 
 def _latency(out: Exposition) -> None:
