@@ -168,10 +168,13 @@ def test_since_keeps_the_runs_active_after_it(api, token, project):
 
 
 def test_hostile_queries_get_a_clear_error(api, token, project):
-    for query in ({"group_by": "user"}, {"since": "yesterday"}, {"limit": 0}):
+    for query in ({"group_by": "user"}, {"since": "yesterday"}, {"since": "0.5"}, {"limit": 0}):
         answer = api.get(token, "/goodput", **query)
         assert answer.status_code == 400, (query, answer.content)
         assert answer.json()["error"].startswith(next(iter(query))), answer.content
+    # An offset PostgreSQL would refuse, a time past the calendar's start: read in UTC.
+    for since in ("0245-08-25T19:02:03.473579-16:27", "0001-01-01T00:00:00+05:00"):
+        assert api.get(token, "/goodput", since=since).status_code == 200, since
 
 
 def test_the_mtbf_interval_is_the_chi_square_one():

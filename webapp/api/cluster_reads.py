@@ -4,10 +4,12 @@ queue and host with the hosts whose work nobody takes, and its goodput
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Query, Router, Schema
+from pydantic import AfterValidator, BeforeValidator
 
 from webapp.api.auth import read_auth
 from webapp.api.params import Limit
@@ -64,16 +66,38 @@ def list_workers(request):
     }
 
 
+ISO_START = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _iso_only(value):
+    """An ISO 8601 time, not the Unix timestamp pydantic would also take for one."""
+    if isinstance(value, str) and ISO_START.match(value):
+        return value
+    raise ValueError("an ISO 8601 time, e.g. 2026-11-01T00:00:00Z")
+
+
+def _utc(value: datetime) -> datetime:
+    """In UTC (a time without a zone is UTC, as in events): PostgreSQL refuses offsets past
+    15:59, which ISO 8601 allows; a time past the calendar's ends is that end."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        return (datetime.min if value.year < 2 else datetime.max).replace(tzinfo=UTC)
+
+
+Since = Annotated[datetime, BeforeValidator(_iso_only), AfterValidator(_utc)]
+
+
 @router.get("/goodput", auth=read_auth, response={200: dict[str, Any]})
 def project_goodput(
     request,
-    since: Annotated[datetime | None, Query()] = None,
+    since: Annotated[Since | None, Query()] = None,
     group_by: Annotated[Literal[goodput_report.GROUPS], Query()] = "run",
     limit: Limit = 20,
 ):
     """How much of the project's GPU time became kept progress and where the rest went,
     with the trainings, tags or hosts that lost most, and the measured MTBF
     (docs/analytics.md, "A project's goodput")."""
-    if since is not None and since.tzinfo is None:
-        since = since.replace(tzinfo=UTC)  # a time without a zone is UTC, as in events
     return goodput_report.report(request.auth.project, since, group_by, limit)
