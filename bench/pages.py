@@ -13,6 +13,9 @@ repeated GETs of:
   htmx fetches them, and drawn in the page), its checkpoint table as htmx polls it, and
   page 1,000 of that table,
 * a checkpoint page (16 files, 5 checks),
+* the project's goodput page and its API (by training, host and tag) over the 10,000
+  runs' rows, and one training's ledger read from its events (the run page's), after
+  timing the workers' pass that writes those rows,
 
 and, as baselines in the same run: a signed-in page that runs `SELECT 1` and renders the
 base template (the fixed cost of a request), and Django admin's changelist of the same
@@ -202,6 +205,56 @@ def fill_target(big_run: int) -> None:
     )  # fmt: skip
 
 
+def fill_goodput(project, run_ids: list[int]) -> None:
+    """The events a goodput ledger reads, for every run: one attempt of an hour (started,
+    two heartbeats, a 20 s save at step 3000, then finished or failed), on one of 64
+    hosts, 8 GPUs; two runs in three resumed from the previous run's step-3000 checkpoint,
+    so that the 10,000 runs make about 3,300 trainings. Dated over the last 25 days (the
+    goodput page shows 30)."""
+    from django.db import connection
+    from django.utils import timezone
+    from psycopg.types.json import Jsonb
+
+    from webapp.domain.models import Checkpoint, Event, Run
+
+    at_3000 = dict(Checkpoint.objects.filter(step=3000).values_list("run_id", "pk"))  # one per run
+    start = timezone.now() - timedelta(days=25)
+    status = dict(Run.objects.values_list("pk", "status"))
+    resumed = {}
+    for i, run_id in enumerate(run_ids):
+        if i % 3 and i > 1:
+            resumed[run_id] = at_3000[run_ids[i - 1]]
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            "UPDATE domain_run SET host = %s, world_size = 8, resumed_from_id = %s WHERE id = %s",
+            [
+                (f"gpu-{i % 64:02d}", resumed.get(run_id), run_id)
+                for i, run_id in enumerate(run_ids)
+            ],
+        )
+
+    def events():
+        for i, run_id in enumerate(run_ids):
+            t0 = start + timedelta(minutes=3 * i)
+            first = {"resumed_from": resumed[run_id]} if run_id in resumed else {}
+            timeline = [("run.started", None, 0, first), ("run.heartbeat", 100, 300, {}),
+                        ("checkpoint.saved", 3000, 1200,
+                         {"location": f"/data/run/{run_id}/step-3000", "save_seconds": 20.0}),
+                        ("run.heartbeat", 4500, 1800, {})]  # fmt: skip
+            if status[run_id] != "running":
+                end = "run.finished" if status[run_id] == "finished" else "run.failed"
+                timeline.append((end, 9000, 3600, {}))
+            for type_, step, offset, data in timeline:
+                when = t0 + timedelta(seconds=offset)
+                yield (project.pk, run_id, type_, step, when, when, "token:bench", Jsonb(data), "")
+
+    copy_rows(
+        Event,
+        ["project_id", "run_id", "type", "step", "time", "received_at", "actor", "data", "message"],
+        events(),
+    )
+
+
 def fill() -> dict:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
@@ -223,6 +276,7 @@ def fill() -> dict:
     )  # fmt: skip
     fill_big_run_history(project, run_ids[0])
     fill_target(run_ids[0])
+    fill_goodput(project, run_ids)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE")
     return {"checkpoints": n, "seconds": time.perf_counter() - started}
@@ -301,6 +355,8 @@ def pages_to_measure() -> list:
         "big run": big.checkpoints.count(),
     }
     print("database:", ", ".join(f"{k} {v:,}" for k, v in counts.items()))
+    token = big.project.issue_token("bench-read", ["read"])[1]
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
     return [
         ("baseline: signed-in page, SELECT 1", "/bench/select-1/", {}),
         ("baseline: Django admin changelist of runs", "/admin/domain/run/", {}),
@@ -317,7 +373,30 @@ def pages_to_measure() -> list:
         ("run page, table page 1000", f"/p/bench/runs/{big.key}/?page=1000",
          {"HTTP_HX_REQUEST": "true"}),
         ("checkpoint page", f"/p/bench/checkpoints/{checkpoint.pk}/", {}),
+        ("goodput page (10,000 runs, 30 days)", "/p/bench/goodput/", {}),
+        ("goodput page, 365 days", "/p/bench/goodput/?days=365", {}),
+        ("API: project goodput by training", "/api/v1/goodput", auth),
+        ("API: project goodput by host", "/api/v1/goodput?group_by=host", auth),
+        ("API: project goodput by tag", "/api/v1/goodput?group_by=tag", auth),
+        ("API: one training's ledger, from events", "/api/v1/runs/run-00005/goodput", auth),
     ]  # fmt: skip
+
+
+def time_goodput_passes() -> None:
+    """The workers' goodput pass (workers.analytics.refresh_goodput) over the project:
+    every run when none has its row yet, then a pass as every GOODPUT_REFRESH_S (the
+    running runs and their trainings again, the rest not)."""
+    from webapp.domain.health import goodput_store
+    from webapp.domain.models import Project
+
+    project = Project.objects.get(slug="bench")
+    for name in ("first pass (rows missing)", "next pass"):
+        due = len(goodput_store.due(project))
+        started = time.perf_counter()
+        written = goodput_store.refresh_project(project, limit=RUNS)
+        seconds = time.perf_counter() - started
+        print(f"goodput {name}: {due:,} runs due, {written:,} rows written in {seconds:.1f} s "
+              f"({seconds / max(written, 1) * 1000:.1f} ms a run)")  # fmt: skip
 
 
 def print_results(pages: list, queries: list[int], results: list[dict], args, load: float) -> None:
@@ -364,6 +443,8 @@ def main() -> None:
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
+
+    time_goodput_passes()
 
     from django.contrib.auth import get_user_model
     from django.test import Client, override_settings
