@@ -355,7 +355,7 @@ def pages_to_measure() -> list:
         "big run": big.checkpoints.count(),
     }
     print("database:", ", ".join(f"{k} {v:,}" for k, v in counts.items()))
-    token = big.project.issue_token("bench-read", ["read"])[1]
+    token = big.project.issue_token(f"bench-read-{time.time_ns()}", ["read"])[1]
     auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
     return [
         ("baseline: signed-in page, SELECT 1", "/bench/select-1/", {}),

@@ -110,6 +110,10 @@ def test_by_host_and_by_tag(api, token, project):
     assert tags["llm"]["gpu_hours"] == pytest.approx(a["gpu_hours"] + c["gpu_hours"])
     assert tags["vision"]["gpu_hours"] == pytest.approx(c["gpu_hours"])
     assert tags["llm"]["runs"] == 3 and tags["vision"]["runs"] == 1
+    # A limit keeps the groups that lost most, and says how many there are.
+    for group_by, first in (("host", "gpu1"), ("tag", "llm"), ("run", "a")):
+        top = project_view(api, token, group_by=group_by, limit=1)
+        assert (top["groups_total"], [g["key"] for g in top["groups"]]) == (2, [first])
 
 
 def test_a_pass_computes_again_only_what_changed_and_twice_is_the_same(api, token, project):
@@ -263,3 +267,11 @@ def test_the_gauges(api, token, project, client, settings):
     assert 'lifeboat_goodput_ratio{project="alpha"}' in text
     assert 'lifeboat_badput_seconds{cause="lost_work",project="alpha"} 2400' in text
     assert 'lifeboat_gpu_hours{project="alpha"}' in text
+
+
+def test_past_many_failures_the_quantile_is_approximated_closely(monkeypatch):
+    exact = goodput_report.chi2_quantile.__wrapped__
+    approximated = {p: exact(p, 402) for p in (0.05, 0.95)}
+    monkeypatch.setattr(goodput_report, "WILSON_HILFERTY_DOF", 10**6)
+    for p, value in approximated.items():
+        assert value == pytest.approx(exact(p, 402), rel=1e-4)
