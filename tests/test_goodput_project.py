@@ -138,6 +138,7 @@ def test_a_pass_computes_again_only_what_changed_and_twice_is_the_same(api, toke
 
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_on_the_alerts_queue_runs_the_beat_task(worker_env, api, token, project, tmp_path):
+    # Here, not at the top: importing the workers' app makes it this process's publisher.
     from workers.celery import app
 
     beat = app.conf.beat_schedule["refresh-goodput"]
