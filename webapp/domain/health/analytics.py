@@ -168,6 +168,7 @@ def host_mtbf(run) -> tuple[float, int, str, str] | None:
     the host has ANALYTICS_MTBF_MIN_FAILURES failures over ANALYTICS_MTBF_MIN_HOURS of
     running time: the host's GPU-hours between failures over the run's GPUs, since any of
     them failing stops the job. None when the host's history is too short."""
+    # Here, not at the top: goodput.what_if reads this module (a cycle at import).
     from webapp.domain.health import goodput, goodput_report
 
     if not run.host:
