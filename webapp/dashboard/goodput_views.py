@@ -28,16 +28,15 @@ def goodput_page(request):
     days = days if days in PERIODS else 30
     since = timezone.now() - timedelta(days=days)
     report = goodput_report.report(project, since, "run", limit=10)
-    hosts = goodput_report.report(project, since, "host", limit=1000)["groups"]
+    _, hosts = goodput_report.groups(project, since, "host", limit=10, order="failures")
     for group in report["groups"]:
         group["most_lost"] = most_lost(group["badput"])
-    hosts.sort(key=lambda g: (-g["failures"], -g["lost_gpu_hours"], str(g["key"])))
     context = {
         "project": project,
         "access": request.access,
         "r": report,
         "causes": [(key, label, report["badput"][key]) for key, label in CAUSES],
-        "hosts": hosts[:10],
+        "hosts": hosts,
         "days": days,
         "periods": PERIODS,
         "chart": day_chart(goodput_report.daily(project, since)),

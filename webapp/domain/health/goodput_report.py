@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from django.conf import settings
-from django.db.models import Count, F, FloatField, Q, Sum
+from django.db.models import Count, F, FloatField, Q, Sum, Value, Window
 from django.db.models.functions import TruncDate
 
 from webapp.domain.health.goodput import CAUSES
@@ -23,8 +23,6 @@ GROUPS = ("run", "tag", "host")
 CONFIDENCE = 0.90
 WILSON_HILFERTY_DOF = 200
 _SECONDS = ("wall_seconds", "running_seconds", "productive_seconds", *CAUSES, "overlap_seconds")
-# The causes that follow an interruption: what one failure costs.
-_AFTER_FAILURE = ("lost_work", "restart", "restore")
 
 
 def _sums() -> dict:
@@ -93,33 +91,10 @@ def figures(sums: dict, price: float | None) -> dict:
 
 def report(project, since=None, group_by: str = "run", limit: int = 20) -> dict:
     """The project's ledger, and its `limit` groups that lost most GPU-hours."""
-    if group_by not in GROUPS:
-        raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
     price = project.gpu_hour_price
     found = rows(project, since)
     total = figures(_unprefixed(found.aggregate(**_sums())), price)
-    # Only the `limit` groups shown are read as figures: a project has thousands.
-    if group_by == "tag":
-        by_tag = _by_tag(found)
-        groups_total = len(by_tag)
-        groups = [{"key": key, **figures(sums, price)} for key, sums in by_tag[:limit]]
-    else:
-        key = {"run": "family__key", "host": "run__host"}[group_by]
-        extra = {"name": F("family__name")} if group_by == "run" else {}
-        groups_total = found.aggregate(n=Count(key, distinct=True))["n"]
-        summed = (
-            found.values(key)
-            .annotate(**_sums(), **extra)
-            .annotate(s_lost=F("s_gpu_seconds") - F("s_productive_gpu_seconds"))
-            .order_by("-s_lost", key)
-        )
-        groups = []
-        for row in summed[:limit]:
-            sums = _unprefixed(row)
-            group = {"key": sums[key], **figures(sums, price)}
-            if group_by == "run":
-                group["name"] = sums["name"]
-            groups.append(group)
+    groups_total, top = groups(project, since, group_by, limit)
     return {
         "since": since,
         "group_by": group_by,
@@ -127,32 +102,66 @@ def report(project, since=None, group_by: str = "run", limit: int = 20) -> dict:
         "gpu_hour_price": price,
         **total,
         "groups_total": groups_total,
-        "groups": groups,
+        "groups": top,
     }
 
 
-def _by_tag(found) -> list[tuple]:
-    """(tag, sums), those that lost most GPU time first. A run counts in each of its tags;
-    runs without a tag in the group whose key is null. Summed here, not in SQL: tags are a
-    JSON list."""
-    names = (*_SECONDS, "gpu_seconds", "productive_gpu_seconds", "failures", "preemptions")
-    by_tag: dict = {}
-    for tags, gpus, values in (
-        (row[0], row[1], row[2:]) for row in found.values_list("run__tags", "gpus", *names)
-    ):
-        keys = {str(t) for t in tags} if isinstance(tags, list) and tags else {None}
-        one = dict(zip(names, values, strict=True))
-        one["running_gpu_seconds"] = one["running_seconds"] * gpus
-        one["after_failure_gpu_seconds"] = sum(one[c] for c in _AFTER_FAILURE) * gpus
-        one["runs"] = 1
-        for key in keys:
-            group = by_tag.setdefault(key, dict.fromkeys(one, 0))
-            for name, value in one.items():
-                group[name] += value
-    return sorted(
-        by_tag.items(),
-        key=lambda item: (item[1]["productive_gpu_seconds"] - item[1]["gpu_seconds"], str(item[0])),
+def groups(project, since=None, group_by: str = "run", limit: int = 20, order: str = "lost"):
+    """(how many groups there are, the first `limit` of them as figures), those that lost
+    most GPU time first, or with `order="failures"` those that failed most. Only the groups
+    shown are read as figures: a project has thousands."""
+    if group_by not in GROUPS:
+        raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
+    price = project.gpu_hour_price
+    found = rows(project, since)
+    if group_by == "tag":
+        by_tag = _by_tag(found, order)
+        return len(by_tag), [{"key": key, **figures(sums, price)} for key, sums in by_tag[:limit]]
+    key = {"run": "family__key", "host": "run__host"}[group_by]
+    extra = {"name": F("family__name")} if group_by == "run" else {}
+    summed = (
+        found.values(key)
+        .annotate(**_sums(), **extra)
+        .annotate(
+            s_lost=F("s_gpu_seconds") - F("s_productive_gpu_seconds"),
+            # The number of groups, counted by the same query: COUNT(*) OVER () runs after
+            # the GROUP BY and before the LIMIT.
+            n_groups=Window(Count(Value(1))),
+        )
     )
+    first = ("-s_failures", "-s_lost") if order == "failures" else ("-s_lost",)
+    shown, groups_total = [], 0
+    for row in summed.order_by(*first, key)[:limit]:
+        groups_total = row.pop("n_groups")
+        sums = _unprefixed(row)
+        group = {"key": sums[key], **figures(sums, price)}
+        if group_by == "run":
+            group["name"] = sums["name"]
+        shown.append(group)
+    return groups_total, shown  # no row shown: no group (the API takes limit >= 1)
+
+
+def _by_tag(found, order: str = "lost") -> list[tuple]:
+    """(tag, sums), those that lost most GPU time (or failed most) first. A run counts in
+    each of its tags; runs without a tag in the group whose key is null. Tags are a JSON
+    list, so the database sums the rows of each distinct list (a project has few), and
+    each list's sums go to each of its tags here."""
+    by_tag: dict = {}
+    for row in found.values("run__tags").annotate(**_sums()).order_by():
+        sums = _unprefixed(row)
+        tags = sums.pop("run__tags")
+        keys = {str(t) for t in tags} if isinstance(tags, list) and tags else {None}
+        for key in keys:
+            group = by_tag.setdefault(key, dict.fromkeys(sums, 0))
+            for name, value in sums.items():
+                group[name] += value
+
+    def rank(item):
+        lost = item[1]["productive_gpu_seconds"] - item[1]["gpu_seconds"]
+        first = (-item[1]["failures"], lost) if order == "failures" else (lost,)
+        return (*first, str(item[0]))
+
+    return sorted(by_tag.items(), key=rank)
 
 
 def daily(project, since=None) -> list[dict]:
