@@ -377,6 +377,16 @@ SWEEP_LOST_AFTER_S = env_int("SWEEP_LOST_AFTER_S", 300, minimum=1)
 # A deletion, or a resume being prepared, with no sign of life for this long was
 # interrupted: finished (a deletion) or failed with the reason (a resume).
 SWEEP_STUCK_S = env_int("SWEEP_STUCK_S", 1800, minimum=60)
+# A replica whose objects a store still lists after retention deleted them (a bucket
+# with versioning keeps them as noncurrent versions) is proven again this often
+# (webapp/domain/retention/replica_objects.py).
+RETENTION_RECHECK_S = env_int("RETENTION_RECHECK_S", 24 * 3600, minimum=60)
+# The storage audit (webapp/domain/retention/orphans.py) lists each enabled target this
+# often; objects younger than the grace are not judged (an upload may be under way), and
+# orphans past the alert size raise storage.orphans.
+STORAGE_AUDIT_S = env_int("STORAGE_AUDIT_S", 24 * 3600, minimum=60)
+STORAGE_AUDIT_GRACE_S = env_int("STORAGE_AUDIT_GRACE_S", 6 * 3600, minimum=0)
+STORAGE_AUDIT_ALERT_BYTES = env_int("STORAGE_AUDIT_ALERT_BYTES", 1024**3, minimum=0)
 # Verified checkpoints this recent are looked at for a copy their targets' policies ask
 # for and that was never requested.
 SWEEP_REPLICA_LOOKBACK_S = env_int("SWEEP_REPLICA_LOOKBACK_S", 24 * 3600, minimum=60)

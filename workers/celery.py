@@ -54,6 +54,11 @@ app.conf.beat_schedule = {
         "task": "workers.analytics.refresh_goodput",
         "schedule": float(settings.GOODPUT_REFRESH_S),
     },
+    # Objects no record accounts for, listed and alerted on (retention/orphans.py).
+    "audit-storage": {
+        "task": "workers.replicate.audit_storage",
+        "schedule": float(settings.STORAGE_AUDIT_S),
+    },
     "apply-retention": {
         "task": "workers.retention.apply_all",
         "schedule": 3600.0,

@@ -108,3 +108,41 @@ def abort_abandoned_uploads() -> int:
         except Exception:
             log.exception("could not look for abandoned uploads on %s", target)
     return aborted
+
+
+@shared_task(name="workers.replicate.audit_storage", ignore_result=True)
+def audit_storage() -> int:
+    """Beat, every STORAGE_AUDIT_S: an audit of every enabled target, each its own task."""
+    from webapp.domain.models import StorageTarget
+
+    ids = list(StorageTarget.objects.filter(enabled=True).values_list("pk", flat=True))
+    for target_id in ids:
+        audit_target.delay(target_id, "worker:storage-audit")
+    return len(ids)
+
+
+@shared_task(name="workers.replicate.audit_target", ignore_result=True)
+def audit_target(target_id: int, actor: str) -> int | None:
+    """List one target and record what no record accounts for
+    (webapp/domain/retention/orphans.py); safe to run twice."""
+    from webapp.domain.models import StorageTarget
+    from webapp.domain.retention import orphans
+
+    target = StorageTarget.objects.filter(pk=target_id).first()
+    return None if target is None else orphans.audit(target, actor).pk
+
+
+@shared_task(name="workers.replicate.clean_storage", ignore_result=True)
+def clean_storage(audit_id: int, actor: str) -> dict | None:
+    """Delete what an audit found, checked again (a second run is refused)."""
+    from webapp.domain.models import StorageAudit
+    from webapp.domain.retention import orphans
+
+    row = StorageAudit.objects.select_related("target").filter(pk=audit_id).first()
+    if row is None:
+        return None
+    try:
+        return orphans.clean(row, actor)
+    except orphans.CleanRefused as exc:
+        log.warning("storage cleanup of audit %s refused: %s", audit_id, exc)
+        return None

@@ -52,6 +52,8 @@ SEVERITY_ICON = {
     "host.no_worker": "🔴",
     "checkpoint.quarantined": "🔴",
     "run.restart_loop": "🔴",
+    "storage.delete_unconfirmed": "🟠",
+    "storage.orphans": "🟠",
     "run.up": "🟢",
 }
 

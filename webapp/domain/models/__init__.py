@@ -26,6 +26,7 @@ from webapp.domain.models.recovery import (
 )
 from webapp.domain.models.retention import RetentionPolicy
 from webapp.domain.models.runs import Run, RunStats
+from webapp.domain.models.storage_audit import StorageAudit
 
 __all__ = [
     "AlertChannel",
@@ -47,6 +48,7 @@ __all__ = [
     "RunGoodput",
     "RunStats",
     "SavedChunks",
+    "StorageAudit",
     "StorageTarget",
     "Validation",
     "ValidationPart",

@@ -28,6 +28,11 @@ class AlertKind(models.TextChoices):
         "Checkpoint quarantined (resumes from it fail)",
     )
     RUN_RESTART_LOOP = "run.restart_loop", "Automatic resumes stopped: no progress"
+    STORAGE_DELETE_UNCONFIRMED = (
+        "storage.delete_unconfirmed",
+        "A replica deleted by retention is still stored",
+    )
+    STORAGE_ORPHANS = "storage.orphans", "Objects on a storage target no record accounts for"
 
 
 class ChannelKind(models.TextChoices):

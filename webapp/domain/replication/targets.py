@@ -46,11 +46,16 @@ def blob_key(target, sha256: str) -> str:
     return f"{blobs_prefix(target)}{sha256[:2]}/{sha256}"
 
 
+def manifests_prefix(target) -> str:
+    return f"{_prefix(target)}manifests/"
+
+
 def manifest_key(target, checkpoint) -> str:
-    return (
-        f"{_prefix(target)}manifests/{checkpoint.project.slug}/{checkpoint.run.key}/"
-        f"step-{checkpoint.step}.json"
-    )
+    return manifest_key_of(target, checkpoint.project.slug, checkpoint.run.key, checkpoint.step)
+
+
+def manifest_key_of(target, project_slug: str, run_key: str, step: int) -> str:
+    return f"{manifests_prefix(target)}{project_slug}/{run_key}/step-{step}.json"
 
 
 def same_store(target) -> dict:

@@ -31,6 +31,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from webapp.domain.locks import for_update
+from webapp.domain.retention import replica_objects
 
 log = logging.getLogger(__name__)
 
@@ -310,13 +311,11 @@ def finish_interrupted(project, actor: str = "retention", before=None) -> None:
     )
     if before is not None:
         replicas = replicas.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=before))
-    for replica in replicas.select_related("target"):
+    for replica in replicas.select_related("target", "checkpoint__run"):
         try:
-            _remove_replica_objects(replica)
+            replica_objects.finish(replica, actor)
         except Exception:  # noqa: BLE001 (logged; tried again by the next run)
             log.exception("retention: removing the objects of replica %s failed", replica.pk)
-            continue
-        Replica.objects.filter(pk=replica.pk).update(deleted_at=timezone.now())
 
 
 def delete_replica(decision: Decision, actor: str) -> bool:
@@ -352,34 +351,6 @@ def delete_replica(decision: Decision, actor: str) -> bool:
             ),
             data={"scope": "replicas", "replica": replica.pk, "target": replica.target.name},
         )
-    _remove_replica_objects(replica)
-    Replica.objects.filter(pk=replica.pk).update(deleted_at=timezone.now())
+    # deleted_at is written once the store lists nothing of it (replica_objects.py).
+    replica_objects.finish(replica, actor)
     return True
-
-
-def _remove_replica_objects(replica) -> None:
-    """The manifest, and each content-addressed object no other live replica in the same
-    store names (a tokenizer shared with a checkpoint that stays, stays)."""
-    from webapp.domain.models import Replica
-    from webapp.domain.models.recovery import ReplicaStatus
-    from webapp.domain.replication import targets
-
-    client = targets.client_for(replica.target)
-    bucket = replica.target.bucket
-    # Every live replica in the same place, of any project: a key one of them names stays
-    # (two projects' targets on one prefix, or one project's two targets on one store).
-    others = (
-        Replica.objects.filter(**targets.same_store(replica.target))
-        .exclude(pk=replica.pk)
-        .exclude(status=ReplicaStatus.DELETED)
-        .values_list("files", "manifest_key")
-    )
-    mine = {entry["key"] for entry in replica.files}
-    manifests = set()
-    for files, manifest_key in others:
-        mine -= {entry["key"] for entry in files or []}
-        manifests.add(manifest_key)
-    if replica.manifest_key and replica.manifest_key not in manifests:
-        client.delete_object(Bucket=bucket, Key=replica.manifest_key)
-    for key in sorted(mine):
-        client.delete_object(Bucket=bucket, Key=key)  # an absent key is no error in S3

@@ -1,0 +1,164 @@
+"""Removing a deleted replica's objects, and proving they are gone before saying so.
+
+A DELETE that S3 answers with 204 is not proof that the bytes are gone. On a bucket with
+versioning, it only adds a delete marker and the object's bytes stay, billed, as a
+noncurrent version; a store that replicates between sites may list it again; a writer
+that was still sending may put it back. So after removing, the store is asked with a
+listing of each key's versions (ListObjectVersions, which lists current objects too, or
+ListObjectsV2 where a store does not offer it) whether anything with that key is still
+stored. Only then is the replica's `deleted_at` written. Otherwise the replica keeps
+`deleted_at` empty, its `last_error` says what is still there and why, one
+`replica.delete_unconfirmed` event and one `storage.delete_unconfirmed` alert are
+recorded, and the sweeper tries again after RETENTION_RECHECK_S (a lifecycle rule added
+in the meantime makes the next proof pass).
+
+Lifeboat does not delete noncurrent versions itself: a team that turned versioning on
+wants them kept from everyone, and the alert says what to change.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+from botocore.exceptions import ClientError
+from django.conf import settings
+from django.utils import timezone
+
+from lifeboat.units import format_seconds
+
+log = logging.getLogger(__name__)
+
+# Error codes of stores that do not implement ListObjectVersions.
+_NO_VERSIONS_API = {"NotImplemented", "MethodNotAllowed", "XNotImplemented", "InvalidRequest"}
+_AT_ONCE = 16  # listings in flight while proving a replica of many files
+
+
+def remove(replica) -> list[str]:
+    """The manifest, and each content-addressed object no other live replica in the same
+    store names (a tokenizer shared with a checkpoint that stays, stays). Returns the keys
+    it deleted."""
+    from webapp.domain.models import Replica
+    from webapp.domain.models.recovery import ReplicaStatus
+    from webapp.domain.replication import targets
+
+    client = targets.client_for(replica.target)
+    bucket = replica.target.bucket
+    # Every live replica in the same place, of any project: a key one of them names stays
+    # (two projects' targets on one prefix, or one project's two targets on one store).
+    others = (
+        Replica.objects.filter(**targets.same_store(replica.target))
+        .exclude(pk=replica.pk)
+        .exclude(status=ReplicaStatus.DELETED)
+        .values_list("files", "manifest_key")
+    )
+    mine = {entry["key"] for entry in replica.files}
+    manifests = set()
+    for files, manifest_key in others:
+        mine -= {entry["key"] for entry in files or []}
+        manifests.add(manifest_key)
+    deleted = []
+    if replica.manifest_key and replica.manifest_key not in manifests:
+        client.delete_object(Bucket=bucket, Key=replica.manifest_key)
+        deleted.append(replica.manifest_key)
+    for key in sorted(mine):
+        client.delete_object(Bucket=bucket, Key=key)  # an absent key is no error in S3
+        deleted.append(key)
+    return deleted
+
+
+def still_stored(client, bucket: str, keys: list[str]) -> list[dict]:
+    """[{key, bytes, current}] for each key of which the store still lists something:
+    the object itself, or older versions of it (delete markers hold no bytes)."""
+    if not keys:
+        return []
+    with ThreadPoolExecutor(max_workers=min(_AT_ONCE, len(keys))) as pool:
+        found = list(pool.map(lambda key: _listed(client, bucket, key), keys))
+    return [f for f in found if f is not None]
+
+
+def _listed(client, bucket: str, key: str) -> dict | None:
+    try:
+        page = client.list_object_versions(Bucket=bucket, Prefix=key, MaxKeys=100)
+        versions = [v for v in page.get("Versions", []) if v["Key"] == key]
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in _NO_VERSIONS_API:
+            raise
+        page = client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+        versions = [v for v in page.get("Contents", []) if v["Key"] == key]
+    if not versions:
+        return None
+    return {
+        "key": key,
+        "bytes": sum(v["Size"] for v in versions),
+        # ListObjectsV2 lists current objects only; IsLatest is false on older versions.
+        "current": any(v.get("IsLatest", True) for v in versions),
+    }
+
+
+def finish(replica, actor: str) -> bool:
+    """Remove the replica's objects and prove it; True when `deleted_at` was written."""
+    from webapp.domain.models import Replica
+    from webapp.domain.replication import targets
+
+    keys = remove(replica)
+    left = still_stored(targets.client_for(replica.target), replica.target.bucket, keys)
+    now = timezone.now()
+    if not left:
+        Replica.objects.filter(pk=replica.pk).update(deleted_at=now, last_error="")
+        return True
+    _report(replica, left, actor, now)
+    return False
+
+
+def _report(replica, left: list[dict], actor: str, now) -> None:
+    from webapp.domain.health import alerts
+    from webapp.domain.models import Event, Replica
+
+    stored = sum(item["bytes"] for item in left)
+    current = sum(1 for item in left if item["current"])
+    message = (
+        f"Deleted on {replica.target.name} but still stored: {len(left)} of its objects "
+        f"({stored:,} bytes), {current} current and {len(left) - current} kept only as older "
+        "versions. "
+    )
+    if current < len(left):
+        message += (
+            f"The bucket {replica.target.bucket} keeps versions, so a DELETE only hides an "
+            "object: add a lifecycle rule that expires noncurrent versions. "
+        )
+    if current:
+        message += "Something wrote them again, or the store did not delete them. "
+    message += f"Lifeboat checks again in {format_seconds(settings.RETENTION_RECHECK_S)}."
+    checkpoint = replica.checkpoint
+    first_time = replica.last_error != message
+    Replica.objects.filter(pk=replica.pk).update(
+        last_error=message,
+        lease_until=now + timedelta(seconds=settings.RETENTION_RECHECK_S),
+    )
+    log.warning("retention: replica %s: %s", replica.pk, message)
+    if not first_time:
+        return
+    Event.record(
+        "replica.delete_unconfirmed",
+        checkpoint=checkpoint,
+        time=now,
+        actor=actor,
+        message=message,
+        data={
+            "scope": "replicas",
+            "replica": replica.pk,
+            "target": replica.target.name,
+            "still_stored": left[:100],
+        },
+    )
+    alerts.record(
+        "storage.delete_unconfirmed",
+        f"storage.delete_unconfirmed:{replica.pk}",
+        f"Step {checkpoint.step} of run {checkpoint.run.key}: {message}",
+        project_id=checkpoint.project_id,
+        run_id=checkpoint.run_id,
+        checkpoint_id=checkpoint.pk,
+        data={"bytes": stored, "objects": len(left)},
+    )
