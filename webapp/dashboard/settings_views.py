@@ -13,13 +13,13 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Count
+from django.db.models import Count, OuterRef, Subquery
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import actor_of, project_view
-from webapp.domain.models import ApiToken, Event, LaunchProfile, StorageTarget
+from webapp.domain.models import ApiToken, Event, LaunchProfile, StorageAudit, StorageTarget
 from webapp.domain.models.projects import Role, Scope
 from webapp.domain.replication import storage_access
 
@@ -298,10 +298,15 @@ def storage_targets(request):
             )
             messages.success(request, f"Storage target {target.name} is added.")
             return redirect("dashboard:settings-storage", request.project.slug)
+    newest_audit = StorageAudit.objects.filter(target=OuterRef("pk")).order_by("-started_at")
     targets = list(
-        request.project.storage_targets.annotate(replica_count=Count("replicas")).order_by("name")
+        request.project.storage_targets.annotate(
+            replica_count=Count("replicas"), last_audit_id=Subquery(newest_audit.values("pk")[:1])
+        ).order_by("name")
     )
+    audits = StorageAudit.objects.in_bulk([t.last_audit_id for t in targets if t.last_audit_id])
     for target in targets:
+        target.last_audit = audits.get(target.last_audit_id)
         # Where the copies really go: the target's own endpoint, else the deployment's.
         target.shown_endpoint = target.endpoint_url or settings.S3_ENDPOINT_URL
         target.endpoint_is_default = not target.endpoint_url

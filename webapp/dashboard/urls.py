@@ -12,6 +12,7 @@ from webapp.dashboard import (
     retention_views,
     settings_edit_views,
     settings_views,
+    storage_audit_views,
     views,
 )
 
@@ -106,6 +107,21 @@ urlpatterns = [
         "p/<slug:slug>/settings/storage/<int:target_id>/",
         settings_edit_views.storage_target_edit,
         name="settings-storage-edit",
+    ),
+    path(
+        "p/<slug:slug>/settings/storage/<int:target_id>/audit/",
+        storage_audit_views.storage_audit,
+        name="settings-storage-audit",
+    ),
+    path(
+        "p/<slug:slug>/settings/storage/<int:target_id>/audit/run/",
+        storage_audit_views.storage_audit_run,
+        name="settings-storage-audit-run",
+    ),
+    path(
+        "p/<slug:slug>/settings/storage/<int:target_id>/audit/<int:audit_id>/clean/",
+        storage_audit_views.storage_audit_clean,
+        name="settings-storage-audit-clean",
     ),
     path(
         "p/<slug:slug>/settings/storage/<int:target_id>/delete/",
