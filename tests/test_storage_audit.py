@@ -231,3 +231,43 @@ def test_the_settings_show_the_audit_and_an_admin_cleans_from_the_page(
     # A second request is refused with the reason.
     refused = client.post(f"{base}{row.pk}/clean/", follow=True).content.decode()
     assert "Not cleaned: only the newest finished audit" in refused
+
+
+def test_another_project_s_objects_and_manifests_are_never_another_s_orphans(
+    project, root, s3, settings
+):
+    """Project beta stores in the same bucket and prefix through an endpoint spelled
+    differently (localhost for 127.0.0.1: the namespace cannot tell them apart). Its
+    objects are not alpha's orphans, and its manifests are not even listed by alpha."""
+    from webapp.domain.models import Checkpoint, Project, Run, StorageTarget
+
+    settings.STORAGE_AUDIT_GRACE_S = 0
+    target = make_target(project, s3, "shared")
+    beta = Project.objects.create(slug="beta", name="Beta")
+    beta_target = StorageTarget.objects.create(
+        project=beta, name="theirs", bucket=s3.bucket, prefix=target.prefix,
+        endpoint_url=s3.endpoint.replace("127.0.0.1", "localhost"),
+    )  # fmt: skip
+    run = Run.objects.create(project=beta, key="b-run")
+    checkpoint = Checkpoint.objects.create(
+        project=beta, run=run, step=1, location="/nowhere", status="verified"
+    )
+    key = f"{targets.blobs_prefix(target)}ee/{'e' * 64}"
+    s3.put(key, b"beta's bytes")
+    manifest = targets.manifest_key(beta_target, checkpoint)
+    s3.put(manifest, b"{}")
+    Replica.objects.create(
+        checkpoint=checkpoint, target=beta_target, status="verified",
+        files=[{"path": "model.pt", "size": 12, "sha256": "e" * 64, "key": key}],
+        manifest_key=manifest,
+    )  # fmt: skip
+    stray = f"{targets.blobs_prefix(target)}ff/{'f' * 64}"
+    s3.put(stray, b"nobody's")
+    row = orphans.audit(target, "test")
+    assert [o["key"] for o in row.orphans] == [stray]
+    assert row.listed_objects == 2  # beta's manifest is not listed at all
+    orphans.clean(row, "admin@example.com")
+    assert listed(s3.client, s3.bucket, key) and listed(s3.client, s3.bucket, manifest)
+    assert not listed(s3.client, s3.bucket, stray)
+    for leftover in (key, manifest):
+        s3.client.delete_object(Bucket=s3.bucket, Key=leftover)

@@ -4,13 +4,14 @@ Orphans come from uploads a worker never finished (objects sent, the replica the
 or its row removed), replicas whose records were deleted with their project, and
 multipart uploads begun by a worker that died before writing their id down. They cost
 money and nobody sees them. The audit lists the target's own keys only
-(`<prefix>/sha256/` and `<prefix>/manifests/`: nothing else in the bucket is looked at,
-let alone deleted) and compares them with every replica of every project whose target
-is the same store (namespace.py).
+(`<prefix>/sha256/` and the project's own `<prefix>/manifests/<project>/`: nothing else
+in the bucket is looked at, let alone deleted) and compares them with the replicas of
+every project.
 
 An object is accounted for when a replica not yet deleted names it (its files are
 recorded when it is claimed, before any byte is sent, and its manifest key is known from
-its checkpoint), or when its replica's deletion is still under way. An object younger
+its checkpoint), or when its replica's deletion is still under way; replicas on every
+target with the same bucket name count, whatever its endpoint is called. An object younger
 than STORAGE_AUDIT_GRACE_S is not judged. The audit is the dry run: `clean` deletes only
 objects that were older than the audit's own cutoff and that no replica names when the
 cleanup looks again, aborts only the uploads the audit listed that no replica knows of
@@ -40,9 +41,16 @@ _BATCH = 1000  # keys per DeleteObjects request (S3's limit)
 
 
 def _live_replicas(target):
-    """Replicas on the same store whose objects must stay: any not deleted, and deleted
-    ones whose objects are still being removed (or not yet proven gone)."""
-    return Replica.objects.filter(**targets.same_store(target)).exclude(
+    """Replicas whose objects must stay: any not deleted, and deleted ones whose objects
+    are still being removed (or not yet proven gone), on every target, of any project,
+    with this bucket name. Wider than namespace.same_store on purpose: two spellings of
+    one endpoint that the namespace cannot tell apart (a host name and its address) must
+    never let one project's cleanup take another's objects; a key names its prefix, so
+    other prefixes in the bucket simply do not match."""
+    from webapp.domain.models import StorageTarget
+
+    same_bucket = StorageTarget.objects.filter(bucket=target.bucket).values("pk")
+    return Replica.objects.filter(target_id__in=same_bucket).exclude(
         status=ReplicaStatus.DELETED, deleted_at__isnull=False
     )
 
@@ -65,7 +73,11 @@ def accounted(target) -> tuple[set[str], set[str]]:
 
 
 def _prefixes(target) -> list[str]:
-    return [targets.blobs_prefix(target), targets.manifests_prefix(target)]
+    """The shared content-addressed objects, and this project's own manifests only: the
+    manifests of other projects on the same store name their runs, and are theirs to
+    audit."""
+    own_manifests = f"{targets.manifests_prefix(target)}{target.project.slug}/"
+    return [targets.blobs_prefix(target), own_manifests]
 
 
 def _listing(client, target):
@@ -230,7 +242,7 @@ def _resend_claimed_meanwhile(target, gone: set[str], since) -> int:
     margin = since - timedelta(seconds=5)
     touched = [
         pk
-        for pk, files in Replica.objects.filter(**targets.same_store(target))
+        for pk, files in _live_replicas(target)
         .filter(Q(started_at__gte=margin) | Q(created_at__gte=margin))
         .exclude(status=ReplicaStatus.DELETED)
         .values_list("pk", "files")
