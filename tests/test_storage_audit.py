@@ -271,3 +271,37 @@ def test_another_project_s_objects_and_manifests_are_never_another_s_orphans(
     assert not listed(s3.client, s3.bucket, stray)
     for leftover in (key, manifest):
         s3.client.delete_object(Bucket=s3.bucket, Key=leftover)
+
+
+def test_the_api_shows_audits_and_takes_both_actions(
+    api, token, read_token, project, root, s3, settings, queues
+):
+    from tests.conftest import queued_tasks
+    from workers.replicate import audit_target, clean_storage
+
+    settings.STORAGE_AUDIT_GRACE_S = 0
+    target = make_target(project, s3, "scripted")
+    orphan = f"{targets.blobs_prefix(target)}ab/{'a' * 62}cd"
+    s3.put(orphan, b"q" * 999)
+    assert api.get(read_token, "/storage/audits").json() == [{"target": "scripted", "audit": None}]
+    # A read token reads; only an operate token acts.
+    assert api.post(read_token, "/storage/audits", {"target": "scripted"}).status_code == 403
+    assert api.post(token, "/storage/audits", {"target": "nope"}).status_code == 404
+    assert api.post(token, "/storage/audits", {"target": "scripted"}).status_code == 202
+    (task,) = queued_tasks(queues, "replicate")
+    audit_id = audit_target(*task["args"])
+
+    (listed_audit,) = api.get(read_token, "/storage/audits").json()
+    assert listed_audit["audit"]["orphan_bytes"] == 999
+    detail = api.get(read_token, f"/storage/audits/{audit_id}").json()
+    assert detail["orphans"][0]["key"] == orphan and detail["uploads"] == []
+    assert api.get(read_token, "/storage/audits/999999").status_code == 404
+
+    queues.flushdb()
+    assert api.post(read_token, f"/storage/audits/{audit_id}/clean").status_code == 403
+    assert api.post(token, f"/storage/audits/{audit_id}/clean").status_code == 202
+    (task,) = queued_tasks(queues, "replicate")
+    clean_storage(*task["args"])
+    assert not listed(s3.client, s3.bucket, orphan)
+    again = api.post(token, f"/storage/audits/{audit_id}/clean")
+    assert again.status_code == 409 and "once" in again.json()["error"]

@@ -33,6 +33,7 @@ NO_NUL = "^[^\\x00]*$"
 # A database id: 1 .. 2**63 - 1 (a bigint).
 CheckpointId = Annotated[int, Path(ge=1, le=INT64_MAX)]
 ResumeId = Annotated[int, Path(ge=1, le=INT64_MAX)]
+AuditId = Annotated[int, Path(ge=1, le=INT64_MAX)]
 # A run key, as POST /events takes it: 1-200 characters (it may contain "/").
 RunKeyPath = Annotated[str, Path(min_length=1, max_length=200, pattern=NO_NUL)]
 RunKeyQuery = Annotated[str | None, Query(max_length=200, pattern=NO_NUL)]

@@ -3,7 +3,7 @@ from __future__ import annotations
 from ninja import NinjaAPI
 from pydantic import TypeAdapter
 
-from webapp.api import actions, cluster_reads, events, reads
+from webapp.api import actions, cluster_reads, events, reads, storage
 from webapp.api.documented_errors import declare_errors
 from webapp.api.errors import install_handlers
 from webapp.api.params import ObjectBodies
@@ -38,3 +38,4 @@ install_handlers(api)
 api.add_router("/", reads.router)
 api.add_router("/", actions.router)
 api.add_router("/", cluster_reads.router)
+api.add_router("/", storage.router)
