@@ -387,6 +387,8 @@ RETENTION_RECHECK_S = env_int("RETENTION_RECHECK_S", 24 * 3600, minimum=60)
 STORAGE_AUDIT_S = env_int("STORAGE_AUDIT_S", 24 * 3600, minimum=60)
 STORAGE_AUDIT_GRACE_S = env_int("STORAGE_AUDIT_GRACE_S", 6 * 3600, minimum=0)
 STORAGE_AUDIT_ALERT_BYTES = env_int("STORAGE_AUDIT_ALERT_BYTES", 1024**3, minimum=0)
+# The storage ledger (webapp/domain/replication/ledger.py) writes its history this often.
+STORAGE_LEDGER_S = env_int("STORAGE_LEDGER_S", 3600, minimum=60)
 # Verified checkpoints this recent are looked at for a copy their targets' policies ask
 # for and that was never requested.
 SWEEP_REPLICA_LOOKBACK_S = env_int("SWEEP_REPLICA_LOOKBACK_S", 24 * 3600, minimum=60)

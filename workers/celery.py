@@ -59,6 +59,11 @@ app.conf.beat_schedule = {
         "task": "workers.replicate.audit_storage",
         "schedule": float(settings.STORAGE_AUDIT_S),
     },
+    # The storage ledger's history: the chart of stored bytes (replication/ledger.py).
+    "measure-storage": {
+        "task": "workers.analytics.measure_storage",
+        "schedule": float(settings.STORAGE_LEDGER_S),
+    },
     "apply-retention": {
         "task": "workers.retention.apply_all",
         "schedule": 3600.0,

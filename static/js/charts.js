@@ -163,9 +163,13 @@
     figure.dataset.drawn = "1";
     var kind = data.kind || "number", xKind = data.x_kind || "step";
     var format = FORMATS[kind] || FORMATS.number, xFormat = FORMATS[xKind] || FORMATS.step;
+    // x_kind "date": Unix seconds, drawn on uPlot's own time axis (dates in the reader's zone).
+    var isDate = xKind === "date";
+    if (isDate) xFormat = function (v) { return new Date(v * 1000).toLocaleString(); };
     var ink = css("--info", "#175cd3"), muted = css("--muted", "#5d6778"), line = css("--line", "#e4e7ec");
     var axisFont = "12px system-ui, sans-serif";
-    var series = [{ label: xKind === "step" ? "step" : "interval", value: function (u, v) { return xFormat(v); } }];
+    var xName = xKind === "step" ? "step" : isDate ? "time" : "interval";
+    var series = [{ label: xName, value: function (u, v) { return xFormat(v); } }];
     data.series.forEach(function (s, i) {
       series.push({
         label: s.label, stroke: ink, width: i === 0 ? 1.5 : 1,
@@ -184,16 +188,16 @@
       bands: data.series.length === 2 ? [{ series: [1, 2], fill: ink + "22" }] : [],
       scales: { x: data.x_log
         ? { time: false, distr: 3, log: 10, range: function (u, min, max) { return [min, max]; } }
-        : { time: false } },
+        : { time: isDate } },
       axes: [
         { stroke: muted, font: axisFont, size: 34, grid: { stroke: line, width: 1 }, ticks: { stroke: line },
-          incrs: data.x_log ? undefined : INCREMENTS[xKind],
+          incrs: data.x_log || isDate ? undefined : INCREMENTS[xKind],
           splits: data.x_log ? durationSplits : undefined,
           // uPlot labels only powers of ten on a log axis unless told otherwise.
           filter: data.x_log ? function (u, splits) { return splits; } : undefined,
           values: data.x_log
             ? function (u, vals) { return vals.map(function (v) { return v == null ? "" : xFormat(v); }); }
-            : tickFormatter(xKind) },
+            : isDate ? undefined : tickFormatter(xKind) },
         { stroke: muted, font: axisFont, size: labelWidth, grid: { stroke: line, width: 1 }, ticks: { stroke: line },
           incrs: INCREMENTS[kind],
           values: tickFormatter(kind) },

@@ -1,8 +1,11 @@
-"""The storage audit in the API (webapp/domain/retention/orphans.py): each target's
-newest audit (scope read), one audit with what it found, and the two actions the
-dashboard offers (scope operate, as POST /retention/apply, which deletes too): audit a
-target now, and clean what the newest audit found. The actions are
-webapp.domain.actions', as the dashboard's buttons."""
+"""The storage ledger and the storage audit in the API.
+
+The ledger (scope read): what the project's checkpoints take on each target and locally,
+what it costs, what retention freed and would free (webapp/domain/replication/ledger.py).
+The audit (webapp/domain/retention/orphans.py): each target's newest audit (scope read),
+one audit with what it found, and the two actions the dashboard offers (scope operate, as
+POST /retention/apply, which deletes too): audit a target now, and clean what the newest
+audit found, through webapp.domain.actions as the dashboard's buttons."""
 
 from __future__ import annotations
 
@@ -12,10 +15,12 @@ from ninja import Router, Schema, Status
 
 from webapp.api.auth import operate_auth, read_auth
 from webapp.api.errors import ApiError, ErrorOut
-from webapp.api.params import AuditId, Name
+from webapp.api.lookups import run_in_project
+from webapp.api.params import AuditId, Limit, Name, RunKeyQuery
 from webapp.domain import actions
 from webapp.domain.actions import ActionRefused
 from webapp.domain.models import StorageAudit, StorageTarget
+from webapp.domain.replication import ledger
 
 router = Router(tags=["storage"])
 
@@ -134,3 +139,75 @@ def clean_audit(request, audit_id: AuditId):
     except ActionRefused as exc:
         raise ApiError(409, str(exc)) from None
     return Status(202, {"message": f"the findings of audit {audit_id} are being cleaned"})
+
+
+class TargetLedgerOut(Schema):
+    target: str
+    bucket: str
+    prefix: str
+    copies: int
+    stored_bytes: int
+    stored_objects: int
+    logical_bytes: int
+    saved_bytes: int
+    would_free_bytes: int
+    freed_bytes: int
+    freed_bytes_30d: int
+    gb_month_price: float | None
+    monthly_cost: float | None
+
+
+class ReplicaTotalsOut(Schema):
+    copies: int
+    stored_bytes: int
+    stored_objects: int
+    logical_bytes: int
+    saved_bytes: int
+    would_free_bytes: int
+    freed_bytes: int
+    freed_bytes_30d: int
+    monthly_cost: float | None
+
+
+class LocalLedgerOut(Schema):
+    stored_bytes: int
+    stored_files: int
+    would_free_bytes: int
+    freed_bytes: int
+    freed_bytes_30d: int
+
+
+class RunStoredOut(Schema):
+    run: str
+    stored_bytes: int
+
+
+class CheckpointStoredOut(Schema):
+    target: str
+    step: int
+    checkpoint: int
+    logical_bytes: int
+    added_bytes: int
+
+
+class LedgerOut(Schema):
+    taken_at: datetime
+    targets: list[TargetLedgerOut]
+    replicas: ReplicaTotalsOut
+    local: LocalLedgerOut
+    runs: list[RunStoredOut]
+    runs_total: int
+    # With ?run=: that run's checkpoints, what each added on each target.
+    checkpoints: list[CheckpointStoredOut] | None = None
+
+
+@router.get("/storage", auth=read_auth, response={200: LedgerOut, 404: ErrorOut})
+def storage_ledger(request, run: RunKeyQuery = None, limit: Limit = 20):
+    """The project's storage ledger now: each target (each object counted once,
+    `logical_bytes` each copy whole), the local copies, the `limit` runs that store most;
+    with `run`, what each of its checkpoints added."""
+    project = request.auth.project
+    answer = ledger.measure(project, runs_limit=limit)
+    if run is not None:
+        answer["checkpoints"] = ledger.run_checkpoints(project, run_in_project(request, run))
+    return answer

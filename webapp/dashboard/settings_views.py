@@ -55,7 +55,14 @@ class StorageTargetForm(forms.ModelForm):
 
     class Meta:
         model = StorageTarget
-        fields = ["name", "bucket", "prefix", "endpoint_url", "region", "credentials_ref"]
+        fields = [
+            "name", "bucket", "prefix", "endpoint_url", "region", "credentials_ref",
+            "gb_month_price",
+        ]  # fmt: skip
+        help_texts = {
+            "gb_month_price": "What a GB (2**30 bytes) stored for a month costs there, in your "
+            "currency: the storage page then says what the copies cost. Empty: no money figures."
+        }
 
     def __init__(self, *args, project, **kwargs):
         super().__init__(*args, **kwargs)

@@ -13,6 +13,7 @@ from webapp.dashboard import (
     settings_edit_views,
     settings_views,
     storage_audit_views,
+    storage_views,
     views,
 )
 
@@ -60,6 +61,7 @@ urlpatterns = [
     ),
     path("p/<slug:slug>/badges/", badge_views.badges_page, name="badges"),
     path("p/<slug:slug>/goodput/", goodput_views.goodput_page, name="goodput"),
+    path("p/<slug:slug>/storage/", storage_views.storage_page, name="storage"),
     path(
         "p/<slug:slug>/badges/regenerate/",
         badge_views.badges_regenerate,

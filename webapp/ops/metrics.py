@@ -38,7 +38,9 @@ class Exposition:
         self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
 
     def sample(self, name: str, value: float, **labels: str) -> None:
-        self.lines.append(f"{name}{_labels(**labels)} {value:.6g}")
+        # Whole numbers (bytes, counts) exactly; measurements to six figures.
+        shown = str(value) if isinstance(value, int) else f"{value:.6g}"
+        self.lines.append(f"{name}{_labels(**labels)} {shown}")
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
@@ -54,6 +56,7 @@ def collect() -> str:
     _run_ages(out, now)
     _restores(out)
     _goodput(out)
+    _storage(out)
     _repairs(out)
     _latency(out)
     return out.text()
@@ -196,6 +199,49 @@ def _goodput(out: Exposition) -> None:
         )
         for cause in CAUSES:
             out.sample("lifeboat_badput_seconds", row[cause], cause=cause, project=slug)
+
+
+def _storage(out: Exposition) -> None:
+    """The storage ledger's newest history row of each target and of the local copies
+    (webapp/domain/replication/ledger.py, written every STORAGE_LEDGER_S): one query,
+    however many objects are stored."""
+    from webapp.domain.models import StorageSnapshot
+
+    newest = (
+        StorageSnapshot.objects.values("project_id", "target_id")
+        .annotate(at=Max("taken_at"))
+        .order_by()
+    )
+    latest = {(row["project_id"], row["target_id"]): row["at"] for row in newest}
+    rows = StorageSnapshot.objects.filter(taken_at__in=set(latest.values())).values(
+        "project_id", "project__slug", "target_id", "target__name", "target__gb_month_price",
+        "taken_at", "stored_bytes", "stored_objects", "logical_bytes", "would_free_bytes",
+    )  # fmt: skip
+    families = (
+        ("lifeboat_storage_stored_bytes", "Bytes stored, each object once."),
+        ("lifeboat_storage_logical_bytes", "Bytes the copies would take, not deduplicated."),
+        ("lifeboat_storage_objects", "Objects stored (files, where=local)."),
+        ("lifeboat_storage_would_free_bytes", "Bytes the retention policies would free now."),
+        ("lifeboat_storage_monthly_cost", "What the stored bytes cost a month."),
+    )
+    for name, help_text in families:
+        out.family(name, "gauge", help_text)
+    for row in sorted(rows, key=lambda r: (r["project__slug"], r["target__name"] or "")):
+        if latest.get((row["project_id"], row["target_id"])) != row["taken_at"]:
+            continue
+        labels = {
+            "project": row["project__slug"],
+            "target": row["target__name"] or "",
+            "where": "target" if row["target_id"] else "local",
+        }
+        out.sample("lifeboat_storage_stored_bytes", row["stored_bytes"], **labels)
+        out.sample("lifeboat_storage_logical_bytes", row["logical_bytes"], **labels)
+        out.sample("lifeboat_storage_objects", row["stored_objects"], **labels)
+        out.sample("lifeboat_storage_would_free_bytes", row["would_free_bytes"], **labels)
+        price = row["target__gb_month_price"]
+        if price is not None:
+            cost = row["stored_bytes"] / 1024**3 * price
+            out.sample("lifeboat_storage_monthly_cost", cost, **labels)
 
 
 def _latency(out: Exposition) -> None:

@@ -27,6 +27,7 @@ from webapp.domain.models.recovery import (
 from webapp.domain.models.retention import RetentionPolicy
 from webapp.domain.models.runs import Run, RunStats
 from webapp.domain.models.storage_audit import StorageAudit
+from webapp.domain.models.storage_ledger import StorageSnapshot
 
 __all__ = [
     "AlertChannel",
@@ -49,6 +50,7 @@ __all__ = [
     "RunStats",
     "SavedChunks",
     "StorageAudit",
+    "StorageSnapshot",
     "StorageTarget",
     "Validation",
     "ValidationPart",

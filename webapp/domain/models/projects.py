@@ -9,6 +9,7 @@ from pathlib import PurePosixPath
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 from django.utils import timezone
 
@@ -315,6 +316,11 @@ class StorageTarget(models.Model):
         "S3_BACKUP_ACCESS_KEY_ID and S3_BACKUP_SECRET_ACCESS_KEY.",
     )
     enabled = models.BooleanField(default=True)
+    # What a GB (2**30 bytes, as S3 bills) stored for a month costs here, for the storage
+    # ledger's money figures (webapp/domain/replication/ledger.py); None: no money figures.
+    gb_month_price = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0), MaxValueValidator(1000)]
+    )
     # Which verified checkpoints are copied here (webapp.domain.replication.policy).
     policy = models.CharField(
         max_length=16, choices=ReplicationPolicy.choices, default=ReplicationPolicy.ALL

@@ -169,6 +169,9 @@ class Replica(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     verified_at = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # Bytes of the objects its deletion removed and proved gone (shared objects another
+    # replica names stay, and are not counted): what retention freed.
+    freed_bytes = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [

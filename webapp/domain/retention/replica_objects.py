@@ -106,7 +106,11 @@ def finish(replica, actor: str) -> bool:
     left = still_stored(targets.client_for(replica.target), replica.target.bucket, keys)
     now = timezone.now()
     if not left:
-        Replica.objects.filter(pk=replica.pk).update(deleted_at=now, last_error="")
+        sizes = {entry["key"]: entry["size"] for entry in replica.files}
+        freed = sum(sizes.get(key, 0) for key in keys)  # the manifest's few bytes aside
+        Replica.objects.filter(pk=replica.pk).update(
+            deleted_at=now, last_error="", freed_bytes=freed
+        )
         return True
     _report(replica, left, actor, now)
     return False

@@ -1,0 +1,113 @@
+"""The storage ledger on a real SeaweedFS: three checkpoints sharing a tokenizer, copied
+for real; shared content counted once and shown as saved; money at the target's price;
+what retention would free, then what it freed; the page, the API and the gauges
+(webapp/domain/replication/ledger.py; docs/replication.md, "The storage ledger")."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.test_dashboard import as_user
+from tests.test_replication import MiB, make_checkpoint, make_target, replicate_now
+from webapp.domain.models import RetentionPolicy, StorageSnapshot
+from webapp.domain.replication import ledger
+from webapp.domain.retention import policy as retention
+from workers.analytics import measure_project
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOKENIZER = 1 * MiB
+MODELS = {1: 100_000, 2: 200_000, 3: 300_000}
+PRICE = 0.023  # a GB-month, as S3 Standard
+
+
+@pytest.fixture
+def three(project, root, s3):
+    target = make_target(project, s3, "main", gb_month_price=PRICE)
+    tokenizer = os.urandom(TOKENIZER)
+    for step, size in MODELS.items():
+        checkpoint = make_checkpoint(
+            project, root, step, {"model.pt": os.urandom(size), "tokenizer.json": tokenizer}
+        )
+        replicate_now(checkpoint)
+    return target
+
+
+def test_shared_content_counts_once_and_shows_as_saved(project, three):
+    figures = ledger.measure(project)
+    (main,) = figures["targets"]
+    stored = TOKENIZER + sum(MODELS.values())
+    assert main["stored_bytes"] == stored
+    assert main["stored_objects"] == 4 + 3  # four distinct files, three manifests
+    assert main["logical_bytes"] == 3 * TOKENIZER + sum(MODELS.values())
+    assert main["saved_bytes"] == 2 * TOKENIZER
+    assert main["monthly_cost"] == round(stored / 1024**3 * PRICE, 2)
+    assert figures["replicas"]["stored_bytes"] == stored
+    assert figures["runs"] == [{"run": "run-1", "stored_bytes": stored}]
+    # No policy: nothing would be freed, nothing was.
+    assert (main["would_free_bytes"], main["freed_bytes"]) == (0, 0)
+    # Each checkpoint's added bytes: the first holds the tokenizer.
+    added = {row["step"]: row["added_bytes"] for row in
+             ledger.run_checkpoints(project, project.runs.get(key="run-1"))}  # fmt: skip
+    assert added == {1: TOKENIZER + MODELS[1], 2: MODELS[2], 3: MODELS[3]}
+    # The local copies, where the jobs wrote them: every file whole.
+    assert figures["local"]["stored_bytes"] == 3 * TOKENIZER + sum(MODELS.values())
+
+
+def test_what_retention_would_free_is_what_it_frees(project, three):
+    RetentionPolicy.objects.create(project=project, applies_to="replicas", keep_last=1)
+    before = ledger.measure(project)["targets"][0]
+    # Steps 1 and 2 go; the tokenizer stays, named by step 3.
+    assert before["would_free_bytes"] == MODELS[1] + MODELS[2]
+    assert sorted(d.step for d in retention.apply(project)) == [1, 2]
+    after = ledger.measure(project)["targets"][0]
+    assert after["freed_bytes"] == after["freed_bytes_30d"] == MODELS[1] + MODELS[2]
+    assert after["stored_bytes"] == TOKENIZER + MODELS[3]
+    assert after["would_free_bytes"] == 0 and after["saved_bytes"] == 0
+
+
+def test_the_page_the_api_and_the_gauges(project, three, viewer, api, read_token, client, settings):
+    assert measure_project(project.pk) == 2  # the target, and the local copies
+    assert StorageSnapshot.objects.filter(project=project, target__isnull=True).count() == 1
+    stored = TOKENIZER + sum(MODELS.values())
+
+    page = as_user(viewer).get(f"/p/{project.slug}/storage/").content.decode()
+    assert "deduplication saves 2.0 MiB" in page
+    assert 'id="chart-data-stored-on-storage-targets"' in page  # one point, drawn
+    assert "run-1" in page.split('id="storage-runs"')[1]
+    assert 'href="/p/alpha/storage/"' in as_user(viewer).get("/p/alpha/").content.decode()
+
+    answer = api.get(read_token, "/storage").json()
+    assert answer["replicas"]["stored_bytes"] == stored
+    assert answer["targets"][0]["monthly_cost"] == round(stored / 1024**3 * PRICE, 2)
+    steps = api.get(read_token, "/storage", run="run-1").json()["checkpoints"]
+    assert [c["step"] for c in steps] == [1, 2, 3]
+    assert api.get(read_token, "/storage", run="nope").status_code == 404
+
+    settings.METRICS_TOKEN = "scrape-token"
+    text = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token").content.decode()
+    assert (
+        f'lifeboat_storage_stored_bytes{{project="alpha",target="main",where="target"}} {stored}'
+        in text
+    )
+    assert 'lifeboat_storage_stored_bytes{project="alpha",target="",where="local"}' in text
+    assert 'lifeboat_storage_monthly_cost{project="alpha",target="main",where="target"}' in text
+
+
+def test_a_hostile_price_is_refused(project, admin, s3):
+    from tests.test_replication import make_target as _make
+
+    target = _make(project, s3, "priced")
+    client = as_user(admin)
+    for price in ("-1", "1e300", "nan"):
+        response = client.post(
+            f"/p/alpha/settings/storage/{target.pk}/",
+            {"name": "priced", "bucket": target.bucket, "prefix": target.prefix,
+             "endpoint_url": target.endpoint_url, "region": "us-east-1", "enabled": "on",
+             "gb_month_price": price},
+        )  # fmt: skip
+        assert response.status_code == 200, price  # the form again, with the error
+        target.refresh_from_db()
+        assert target.gb_month_price is None
