@@ -203,11 +203,12 @@ class LedgerOut(Schema):
 
 @router.get("/storage", auth=read_auth, response={200: LedgerOut, 404: ErrorOut})
 def storage_ledger(request, run: RunKeyQuery = None, limit: Limit = 20):
-    """The project's storage ledger now: each target (each object counted once,
-    `logical_bytes` each copy whole), the local copies, the `limit` runs that store most;
-    with `run`, what each of its checkpoints added."""
+    """The project's storage ledger as of the workers' newest pass (`taken_at`; every
+    STORAGE_LEDGER_S): each target (each object counted once, `logical_bytes` each copy
+    whole), the local copies, the `limit` runs that store most; with `run`, what each of
+    its checkpoints added (computed now: a pass over the target's replicas)."""
     project = request.auth.project
-    answer = ledger.measure(project, runs_limit=limit)
+    answer = ledger.latest(project, runs_limit=limit)
     if run is not None:
         answer["checkpoints"] = ledger.run_checkpoints(project, run_in_project(request, run))
     return answer

@@ -21,7 +21,7 @@ HISTORY_DAYS = 90
 @project_view()
 def storage_page(request):
     project = request.project
-    figures = ledger.measure(project)
+    figures = ledger.latest(project)
     points = ledger.history(project, timezone.now() - timedelta(days=HISTORY_DAYS))
     return render(
         request,

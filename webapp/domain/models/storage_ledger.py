@@ -1,7 +1,8 @@
 """The storage ledger's history: what each storage target of a project held, and what the
 project's own file systems held, at each pass of workers.replicate.measure_storage
-(webapp/domain/replication/ledger.py). The figures of now are computed on demand; these
-rows draw the chart of stored bytes over time."""
+(webapp/domain/replication/ledger.py). The newest rows are what the storage page, the
+API and the gauges show (a pass over every replica is the worker's, not a request's); all
+of them draw the chart of stored bytes over time."""
 
 from __future__ import annotations
 
@@ -22,8 +23,13 @@ class StorageSnapshot(models.Model):
     # Each copy counted whole: what the same copies would take without deduplication.
     logical_bytes = models.BigIntegerField(default=0)
     copies = models.IntegerField(default=0)
-    # What the retention policy now in force would free.
+    # What the retention policy now in force would free, and what it freed so far.
     would_free_bytes = models.BigIntegerField(default=0)
+    freed_bytes = models.BigIntegerField(default=0)
+    # The runs that store most here: [{run, stored_bytes}] (each object counts for the
+    # run that named it first), at most ledger.TOP_RUNS_KEPT of them.
+    runs = models.JSONField(default=list, blank=True)
+    runs_total = models.IntegerField(default=0)
 
     class Meta:
         indexes = [models.Index(fields=["project", "taken_at"], name="ledger_project_time")]

@@ -32,6 +32,7 @@ from webapp.domain.models.recovery import ReplicaStatus
 GB = 1024**3
 FREED_WINDOW = timedelta(days=30)
 TOP_RUNS = 10
+TOP_RUNS_KEPT = 100  # per target, on each history row
 
 
 def billed_copies(target):
@@ -124,43 +125,32 @@ def local_ledger(project, doomed: frozenset = frozenset(), now=None) -> dict:
     }
 
 
-def measure(project, now=None, runs_limit: int = TOP_RUNS) -> dict:
-    """The project's ledger now: each target, the local copies, the totals over the
-    targets, and the runs that store most."""
-    from webapp.domain.models import Run
+def _doomed(project) -> tuple[frozenset, frozenset]:
+    """(replica ids, checkpoint ids) the retention policies in force would delete now."""
     from webapp.domain.retention import policy as retention
 
-    now = now or timezone.now()
-    doomed_replicas = frozenset(
+    replicas = frozenset(
         d.replica_id for d in retention.plan(project, "replicas") if d.delete and d.replica_id
     )
-    doomed_local = frozenset(d.checkpoint_id for d in retention.plan(project, "local") if d.delete)
-    targets = [
-        target_ledger(target, doomed_replicas, now)
-        for target in project.storage_targets.order_by("name")
-    ]
-    by_run: dict[int, int] = {}
-    for one in targets:
-        for run_id, size in one.pop("by_run").items():
-            by_run[run_id] = by_run.get(run_id, 0) + size
-        one.pop("by_checkpoint")
-    top = sorted(by_run.items(), key=lambda item: (-item[1], item[0]))[:runs_limit]
-    keys = dict(Run.objects.filter(pk__in=[run_id for run_id, _ in top]).values_list("pk", "key"))
-    priced = [t for t in targets if t["monthly_cost"] is not None]
-    totals = {
-        name: sum(t[name] for t in targets)
-        for name in ("copies", "stored_bytes", "stored_objects", "logical_bytes", "saved_bytes",
-                     "would_free_bytes", "freed_bytes", "freed_bytes_30d")
-    }  # fmt: skip
-    totals["monthly_cost"] = round(sum(t["monthly_cost"] for t in priced), 2) if priced else None
-    return {
-        "taken_at": now,
-        "targets": targets,
-        "replicas": totals,
-        "local": local_ledger(project, doomed_local, now),
-        "runs": [{"run": keys.get(run_id, ""), "stored_bytes": size} for run_id, size in top],
-        "runs_total": len(by_run),
-    }
+    local = frozenset(d.checkpoint_id for d in retention.plan(project, "local") if d.delete)
+    return replicas, local
+
+
+def _freed_30d(project, now) -> tuple[dict, int]:
+    """({target id: bytes}, local bytes) freed by retention over the last 30 days: read
+    on every request (cheap), as the history rows are an hour old."""
+    since = now - FREED_WINDOW
+    by_target = dict(
+        Replica.objects.filter(target__project=project, deleted_at__gte=since)
+        .values("target_id")
+        .annotate(n=Sum("freed_bytes"))
+        .order_by()
+        .values_list("target_id", "n")
+    )
+    local = Checkpoint.objects.filter(
+        project=project, status=CheckpointStatus.DELETED, deleted_at__gte=since
+    ).aggregate(n=Sum("total_size", default=0))["n"]
+    return by_target, local
 
 
 def run_checkpoints(project, run) -> list[dict]:
@@ -182,27 +172,106 @@ def run_checkpoints(project, run) -> list[dict]:
 
 
 def snapshot(project, now=None) -> list[StorageSnapshot]:
-    """Write the ledger's figures of now as history rows (the chart's points)."""
+    """The ledger's pass (the worker's, every STORAGE_LEDGER_S): every replica of each
+    target read once, written as history rows that the page, the API and the gauges read."""
+    from webapp.domain.models import Run
+
     now = now or timezone.now()
-    figures = measure(project, now)
-    rows = [
-        StorageSnapshot(
-            project=project, target_id=one["target_id"], taken_at=now,
-            stored_bytes=one["stored_bytes"], stored_objects=one["stored_objects"],
-            logical_bytes=one["logical_bytes"], copies=one["copies"],
-            would_free_bytes=one["would_free_bytes"],
-        )
-        for one in figures["targets"]
-    ]  # fmt: skip
-    local = figures["local"]
+    doomed_replicas, doomed_local = _doomed(project)
+    rows = []
+    for target in project.storage_targets.order_by("name"):
+        one = target_ledger(target, doomed_replicas, now)
+        top = sorted(one["by_run"].items(), key=lambda item: (-item[1], item[0]))
+        top = top[:TOP_RUNS_KEPT]
+        keys = dict(Run.objects.filter(pk__in=[r for r, _ in top]).values_list("pk", "key"))
+        rows.append(
+            StorageSnapshot(
+                project=project, target=target, taken_at=now,
+                stored_bytes=one["stored_bytes"], stored_objects=one["stored_objects"],
+                logical_bytes=one["logical_bytes"], copies=one["copies"],
+                would_free_bytes=one["would_free_bytes"], freed_bytes=one["freed_bytes"],
+                runs=[{"run": keys.get(r, ""), "stored_bytes": n} for r, n in top],
+                runs_total=len(one["by_run"]),
+            )
+        )  # fmt: skip
+    local = local_ledger(project, doomed_local, now)
     rows.append(
         StorageSnapshot(
             project=project, target=None, taken_at=now, stored_bytes=local["stored_bytes"],
             stored_objects=local["stored_files"], logical_bytes=local["stored_bytes"],
-            would_free_bytes=local["would_free_bytes"],
+            would_free_bytes=local["would_free_bytes"], freed_bytes=local["freed_bytes"],
         )
     )  # fmt: skip
     return StorageSnapshot.objects.bulk_create(rows)
+
+
+def _newest(project) -> dict:
+    """{target id (None: local): its newest history row}."""
+    found = {}
+    for target_id in [*project.storage_targets.values_list("pk", flat=True), None]:
+        row = (
+            StorageSnapshot.objects.filter(project=project, target_id=target_id)
+            .order_by("-taken_at")
+            .first()
+        )
+        if row is not None:
+            found[target_id] = row
+    return found
+
+
+def latest(project, runs_limit: int = TOP_RUNS, now=None) -> dict:
+    """The ledger as of its newest pass (taken first if a target has none yet: a new
+    target, a new deployment), with the last 30 days' freed bytes read now."""
+    now = now or timezone.now()
+    targets = list(project.storage_targets.order_by("name"))
+    newest = _newest(project)
+    if any(t.pk not in newest for t in targets) or None not in newest:
+        snapshot(project, now)
+        newest = _newest(project)
+    freed_recent, local_recent = _freed_30d(project, now)
+    shown = []
+    merged: dict[str, int] = {}
+    runs_total = 0
+    for target in targets:
+        row = newest[target.pk]
+        shown.append({
+            "target": target.name, "bucket": target.bucket, "prefix": target.prefix,
+            "copies": row.copies, "stored_bytes": row.stored_bytes,
+            "stored_objects": row.stored_objects, "logical_bytes": row.logical_bytes,
+            "saved_bytes": max(row.logical_bytes - row.stored_bytes, 0),
+            "would_free_bytes": row.would_free_bytes, "freed_bytes": row.freed_bytes,
+            "freed_bytes_30d": freed_recent.get(target.pk) or 0,
+            "gb_month_price": target.gb_month_price,
+            "monthly_cost": _monthly(row.stored_bytes, target.gb_month_price),
+            "taken_at": row.taken_at,
+        })  # fmt: skip
+        for entry in row.runs:
+            merged[entry["run"]] = merged.get(entry["run"], 0) + entry["stored_bytes"]
+        runs_total = max(runs_total, row.runs_total)
+    priced = [t for t in shown if t["monthly_cost"] is not None]
+    totals = {
+        name: sum(t[name] for t in shown)
+        for name in ("copies", "stored_bytes", "stored_objects", "logical_bytes", "saved_bytes",
+                     "would_free_bytes", "freed_bytes", "freed_bytes_30d")
+    }  # fmt: skip
+    totals["monthly_cost"] = round(sum(t["monthly_cost"] for t in priced), 2) if priced else None
+    local = newest[None]
+    top = sorted(merged.items(), key=lambda item: (-item[1], item[0]))[:runs_limit]
+    return {
+        "taken_at": min([local.taken_at, *(t["taken_at"] for t in shown)]),
+        "targets": shown,
+        "replicas": totals,
+        "local": {
+            "stored_bytes": local.stored_bytes,
+            "stored_files": local.stored_objects,
+            "would_free_bytes": local.would_free_bytes,
+            "freed_bytes": local.freed_bytes,
+            "freed_bytes_30d": local_recent,
+        },
+        "runs": [{"run": run, "stored_bytes": size} for run, size in top],
+        # Runs on the busiest target (a run on two targets counts once).
+        "runs_total": max(runs_total, len(merged)),
+    }
 
 
 def history(project, since) -> list[dict]:
