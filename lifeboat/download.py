@@ -202,6 +202,92 @@ def _fetch_one(
     return final
 
 
+def _place(dest: Path, entry: dict) -> tuple[Path, Path]:
+    final = dest.joinpath(*_safe_relative(entry["path"]).parts)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return final, final.with_name(final.name + ".partial")
+
+
+def _fetch_pack(
+    group: list[dict], dest: Path, advance: Callable[[int], None], *, timeout: float, opener,
+    durable: bool, keep_mismatched: bool = False,
+) -> dict[int, Path]:  # fmt: skip
+    """The files of one pack (entries with `offset`, the same `url`; `_index` their place
+    in the caller's list): one ranged GET from the first wanted byte to the last, each
+    file cut from the stream in offset order, hashed and verified as it is written. Two
+    entries at the same offset (the same bytes under two paths) are read once."""
+    written: dict[int, Path] = {}
+    wanted = []
+    for entry in sorted(group, key=lambda e: (int(e["offset"]), e["_index"])):
+        final, _ = _place(dest, entry)
+        size = int(entry["size"])
+        if final.is_file() and final.stat().st_size == size and sha256_of(final) == entry["sha256"]:
+            advance(size)
+            written[entry["_index"]] = final
+        else:
+            wanted.append(entry)
+    if not wanted:
+        return written
+    start = int(wanted[0]["offset"])
+    end = max(int(e["offset"]) + int(e["size"]) for e in wanted) - 1
+    request = urllib.request.Request(wanted[0]["url"], headers={"Range": f"bytes={start}-{end}"})  # noqa: S310 (a presigned http(s) URL from the server)
+    by_place: dict[tuple[int, int], Path] = {}
+    current = wanted[0]
+    try:
+        with opener(request, timeout=timeout) as response:
+            position = 0 if getattr(response, "status", 206) == 200 else start  # range ignored
+            for entry in wanted:
+                current = entry
+                offset, size = int(entry["offset"]), int(entry["size"])
+                final, partial = _place(dest, entry)
+                if (offset, size) in by_place:
+                    shutil.copyfile(by_place[(offset, size)], partial)
+                    got, sha = size, sha256_of(partial)
+                    advance(size)
+                else:
+                    if offset < position:
+                        raise RestoreError(f"{entry['path']}: overlapping entries in its pack")
+                    while position < offset:  # a file of the pack this copy does not use
+                        skipped = response.read(min(CHUNK, offset - position))
+                        if not skipped:
+                            raise ShortObject(f"the pack ends at byte {position}")
+                        position += len(skipped)
+                    digest, got = hashlib.sha256(), 0
+                    with partial.open("wb") as out:
+                        while got < size and (chunk := response.read(min(PIECE, size - got))):
+                            digest.update(chunk)
+                            out.write(chunk)
+                            got += len(chunk)
+                            advance(len(chunk))
+                        if durable:
+                            out.flush()
+                            os.fsync(out.fileno())
+                    position += got
+                    sha = digest.hexdigest()
+                if got != size or sha != entry["sha256"]:
+                    error = RestoreError(
+                        f"{entry['path']} does not match its sha256: expected {size:,} bytes "
+                        f"with sha256 {entry['sha256'][:12]}…, got {got:,} bytes with "
+                        f"{sha[:12]}…"
+                    )
+                    if keep_mismatched:
+                        kept = final.with_name(final.name + ".mismatched")
+                        error.mismatched = partial.rename(kept)
+                    else:
+                        partial.unlink(missing_ok=True)
+                    raise error
+                shutil.move(partial, final)
+                by_place[(offset, size)] = final
+                written[entry["_index"]] = final
+    except OSError as exc:
+        _, partial = _place(dest, current)
+        partial.unlink(missing_ok=True)
+        error = RestoreError(f"could not fetch {current['path']}: {exc}")
+        error.replica_at_fault = _replica_at_fault(exc)
+        raise error from exc
+    return written
+
+
 def download_files(
     files: Iterable[dict],
     dest: str | os.PathLike,
@@ -213,7 +299,9 @@ def download_files(
     durable: bool = True,
     keep_mismatched: bool = False,
 ) -> list[Path]:
-    """Fetch every {path, size, sha256, url} into `dest`, verified. `progress(done,
+    """Fetch every {path, size, sha256, url} into `dest`, verified; a file with an
+    `offset` is `size` bytes from there in the object at `url` (a pack of small files,
+    fetched with one ranged GET for all of its files listed). `progress(done,
     total)` is called on the calling thread, about every PROGRESS_S and at the end.
     Returns the files' paths, in the order given. `durable` fsyncs each file before it
     is moved into place: what a job will resume from must survive a crash of the
@@ -229,7 +317,19 @@ def download_files(
     files = list(files)
     total = sum(int(f["size"]) for f in files)
     dest = Path(dest)
-    threads = max(1, min(parallel, len(files)))
+    # The work: each file alone, and each pack's files together (one GET a pack).
+    units: list[list[dict]] = []
+    packs: dict[str, list[dict]] = {}
+    for index, entry in enumerate(files):
+        one = {**entry, "_index": index}
+        if entry.get("offset") is None:
+            units.append([one])
+        elif entry["url"] in packs:
+            packs[entry["url"]].append(one)
+        else:
+            packs[entry["url"]] = [one]
+            units.append(packs[entry["url"]])
+    threads = max(1, min(parallel, len(units)))
     per_file = max(1, parallel // threads)
     lock = threading.Lock()
     done = [0]
@@ -239,18 +339,25 @@ def download_files(
             done[0] += n
 
     written: list[Path | None] = [None] * len(files)
-    queue_ = iter(range(len(files)))
+    queue_ = iter(units)
     stop = threading.Event()
 
     def worker() -> None:
         while not stop.is_set():
             with lock:
-                index = next(queue_, None)
-            if index is None:
+                unit = next(queue_, None)
+            if unit is None:
                 return
             try:
-                written[index] = _fetch_one(
-                    files[index], dest, advance, timeout=timeout, opener=opener,
+                if "offset" in unit[0] and unit[0]["offset"] is not None:
+                    for index, path in _fetch_pack(
+                        unit, dest, advance, timeout=timeout, opener=opener,
+                        durable=durable, keep_mismatched=keep_mismatched,
+                    ).items():  # fmt: skip
+                        written[index] = path
+                    continue
+                written[unit[0]["_index"]] = _fetch_one(
+                    unit[0], dest, advance, timeout=timeout, opener=opener,
                     parallel=per_file, durable=durable, keep_mismatched=keep_mismatched,
                 )  # fmt: skip
             except BaseException:

@@ -95,6 +95,8 @@ def fetch_replica(
     errors = []
     for replica in replicas:
         urls = {item["path"]: item["url"] for item in replica["files"]}
+        # A small file in a pack: its bytes from `offset` on in the pack's object.
+        offsets = {item["path"]: item.get("offset") for item in replica["files"]}
         missing = [spec["path"] for spec in files if spec["path"] not in urls]
         if missing:
             errors.append(f"{replica.get('target')}: no object for {missing[0]}")
@@ -110,12 +112,22 @@ def fetch_replica(
         try:
             if partial:
                 download_files(
-                    [{**spec, "url": urls[spec["path"]]} for spec in files], destination, progress
+                    [
+                        {**spec, "url": urls[spec["path"]], "offset": offsets[spec["path"]]}
+                        for spec in files
+                    ],
+                    destination,
+                    progress,
                 )
                 bar.close()
                 return destination
             download_files(
-                [{**spec, "url": urls[spec["path"]]} for spec in files], staging, progress
+                [
+                    {**spec, "url": urls[spec["path"]], "offset": offsets[spec["path"]]}
+                    for spec in files
+                ],
+                staging,
+                progress,
             )
             bar.close()
             if destination.exists():

@@ -449,6 +449,9 @@ REPLICATION_CONCURRENCY = env_int("REPLICATION_CONCURRENCY", 10, minimum=1)
 # Files of one checkpoint sent at once (a many-file checkpoint is bound by round trips,
 # not bytes). The bytes held in memory stay under PART_SIZE x CONCURRENCY however many.
 REPLICATION_FILES_AT_ONCE = env_int("REPLICATION_FILES_AT_ONCE", 16, minimum=1)
+# Files smaller than this go in packs of up to REPLICATION_PART_SIZE, when a checkpoint
+# has 32 of them or more (webapp/domain/replication/packs.py); 0: every file alone.
+REPLICATION_PACK_BELOW = env_int("REPLICATION_PACK_BELOW", 1024**2, minimum=0)
 # The checksum sent with every part, which the server verifies before it keeps the part:
 # CRC32 or SHA256. The file's sha256 is computed from the same bytes and compared either
 # way, so a part's checksum only has to catch damage in transit; SHA256 parts hash every

@@ -98,6 +98,9 @@ class ReplicaFileOut(Schema):
     size: int
     sha256: str
     url: str
+    # A small file sent in a pack (docs/replication.md): its `size` bytes from here on in
+    # the object at `url`; absent for a file stored alone.
+    offset: int | None = None
 
 
 class ReplicaOut(Schema):

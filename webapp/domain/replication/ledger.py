@@ -68,7 +68,9 @@ def target_ledger(target, doomed: frozenset = frozenset(), now=None) -> dict:
                 continue
             held = objects.get(entry["key"])
             if held is None:
-                objects[entry["key"]] = [int(entry.get("size") or 0), run_id, checkpoint_id, stays]
+                # A pack (replication/packs.py) is one object of object_size bytes.
+                size = entry.get("object_size", entry.get("size"))
+                objects[entry["key"]] = [int(size or 0), run_id, checkpoint_id, stays]
             elif stays:
                 held[3] = True
     stored = sum(held[0] for held in objects.values())

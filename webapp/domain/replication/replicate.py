@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from webapp.domain.lease import Busy, busy_until
 from webapp.domain.locks import for_update
-from webapp.domain.replication import fanout, targets
+from webapp.domain.replication import fanout, packs, targets
 from webapp.domain.replication.sources import SourceUnavailable, sources
 from webapp.domain.replication.upload import Throttle, abort_quietly
 
@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 1.0
 MANIFEST_FORMAT = "lifeboat.replica/1"
+# A packed file adds where it is in its pack (replication/packs.py).
+MANIFEST_FIELDS = ("path", "size", "sha256", "key", "offset", "object_size")
 
 
 @dataclass
@@ -199,9 +201,7 @@ def write_manifest(client, target, checkpoint, replica) -> str:
         "checkpoint": checkpoint.pk,
         "location": checkpoint.location,
         "total_size": replica.bytes_total,
-        "files": [
-            {k: entry[k] for k in ("path", "size", "sha256", "key")} for entry in replica.files
-        ],
+        "files": [{k: entry[k] for k in MANIFEST_FIELDS if k in entry} for entry in replica.files],
         "written_at": timezone.now().isoformat(),
     }
     body = json.dumps(manifest, indent=1).encode()
@@ -266,11 +266,21 @@ def send(claimed: Claim) -> dict:
 
     abort_stale_uploads(client, bucket, replica, claimed)
     progress = _Progress(replica.pk)
+    packed, alone = packs.split(replica.files)
+    reused_packs: dict[str, int] = {}
     try:
-        skipped = send_entries(client, replica, claimed, replica.files, progress)
+        if packed:
+            with sources(checkpoint) as open_source:
+                found = packs.send(client, replica, packed, open_source, progress, DEDUP_LOOKBACK)
+            reused_packs = found["reused_keys"]
+        skipped = send_entries(client, replica, claimed, alone, progress)
     finally:
         progress.flush()
-    sent_files = len(replica.files) - len(skipped)
+    sent_files = len(replica.files) - len(skipped) - (found["reused"] if packed else 0)
+    # The packs of earlier copies this one points into: still there, whole?
+    for key, object_size in reused_packs.items():
+        if not on_target(client, bucket, key, key.rsplit("/", 1)[-1], object_size):
+            raise ConnectionError(f"the pack {key} of an earlier copy is not on the target")
 
     # A file sent now was confirmed by the server's answer (its checksum checked, and
     # its sha256 compared before the upload was completed); one that was already there

@@ -1,9 +1,9 @@
 """Bring a replica back: the files of a verified replica, downloaded and verified.
 
 `replica_files` gives what the API hands to clients ({path, size, sha256, url} with a
-presigned GET URL); `restore_replica` downloads them with the same stdlib code the
-client uses (download.download_files), after checking that the manifest on the target
-agrees with the database.
+presigned GET URL, and `offset` for a file in a pack); `restore_replica` downloads them
+with the same stdlib code the client uses (download.download_files), after checking
+that the manifest on the target agrees with the database.
 """
 
 from __future__ import annotations
@@ -28,19 +28,24 @@ def replica_files(replica, expires_s: int | None = None) -> list[dict]:
     except targets.TargetRefused:
         return []  # no URL signed with keys the project may no longer use
     expires_s = expires_s or settings.REPLICATION_URL_EXPIRES_S
-    return [
-        {
-            "path": entry["path"],
-            "size": entry["size"],
-            "sha256": entry["sha256"],
-            "url": client.generate_presigned_url(
-                "get_object",
-                Params={"Bucket": replica.target.bucket, "Key": entry["key"]},
+    urls: dict[str, str] = {}  # one URL a pack, however many files it holds
+
+    def url(key: str) -> str:
+        if key not in urls:
+            urls[key] = client.generate_presigned_url(
+                "get_object", Params={"Bucket": replica.target.bucket, "Key": key},
                 ExpiresIn=expires_s,
-            ),
-        }
-        for entry in replica.files
-    ]
+            )  # fmt: skip
+        return urls[key]
+
+    found = []
+    for entry in replica.files:
+        one = {k: entry[k] for k in ("path", "size", "sha256")}
+        one["url"] = url(entry["key"])
+        if "offset" in entry:  # in a pack (replication/packs.py): its bytes from offset on
+            one["offset"] = entry["offset"]
+        found.append(one)
+    return found
 
 
 def read_manifest(replica) -> dict:

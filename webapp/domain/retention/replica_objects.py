@@ -106,7 +106,8 @@ def finish(replica, actor: str) -> bool:
     left = still_stored(targets.client_for(replica.target), replica.target.bucket, keys)
     now = timezone.now()
     if not left:
-        sizes = {entry["key"]: entry["size"] for entry in replica.files}
+        # A pack is one object of object_size bytes, whichever of its files is read.
+        sizes = {e["key"]: e.get("object_size", e["size"]) for e in replica.files}
         freed = sum(sizes.get(key, 0) for key in keys)  # the manifest's few bytes aside
         Replica.objects.filter(pk=replica.pk).update(
             deleted_at=now, last_error="", freed_bytes=freed
