@@ -32,7 +32,7 @@ class AlertKind(models.TextChoices):
         "storage.delete_unconfirmed",
         "A replica deleted by retention is still stored",
     )
-    STORAGE_ORPHANS = "storage.orphans", "Objects on a storage target no record accounts for"
+    STORAGE_ORPHANS = "storage.orphans", "Storage holds objects no record accounts for"
 
 
 class ChannelKind(models.TextChoices):
