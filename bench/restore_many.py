@@ -8,12 +8,12 @@ Setup: the `many_files` tree of bench/corpus.py (--files safetensors files in fo
 SQLite) and replicated by the real replicate task to the S3 server at S3_ENDPOINT_URL
 (default :8333). Then, alternated round by round, each into an empty folder:
 
-  rclone xN  `rclone copy bench:<bucket>/<blobs> <folder> --files-from <the keys>
-             --transfers N` (each N of --rclone; objects are named by their content,
-             and rclone keeps names), then every file loaded with
-             safetensors.torch.load_file
-  boto3 xN   s3transfer's TransferManager, max_concurrency N (each N of --boto3), then
-             the same loads
+  rclone xN  `rclone copy bench:<bucket>/baseline <folder> --transfers N` (each N of
+             --rclone) of the same tree as rclone stores it (one object a file, under
+             its path: uploaded once by rclone before the rounds, not timed), then every
+             file loaded with safetensors.torch.load_file
+  boto3 xN   s3transfer's TransferManager, max_concurrency N (each N of --boto3), of the
+             same objects, then the same loads
   lifeboat   a restore test as the restore worker runs it (webapp/domain/recovery/
              restore_test.py): the manifest read and checked against the record, every
              file downloaded with its sha256 checked in the same pass, every file loaded
@@ -54,8 +54,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def blobs_prefix(keys: dict[str, str]) -> str:
-    return os.path.commonprefix(list(keys.values())).rpartition("/")[0].rpartition("/")[0]
+BASELINE = "baseline"  # where the tree is, one object a file, for rclone and boto3
 
 
 def load_all(paths: list[Path]) -> None:
@@ -66,22 +65,17 @@ def load_all(paths: list[Path]) -> None:
 
 
 def rclone_round(args, bucket: str, keys: dict[str, str], folder: Path, transfers: int) -> float:
-    """The checkpoint's objects, named by their keys under the blobs prefix (rclone
-    copies names, it cannot rename), then each loaded."""
+    """The tree as rclone stored it (one object a file, under its path), then each loaded."""
     from bench.replicate import rclone_env
 
     env = rclone_env(args.endpoint)
-    prefix = blobs_prefix(keys)
-    names = [key.removeprefix(prefix + "/") for key in keys.values()]
-    listing = folder.parent / "files-from.txt"
-    listing.write_text("\n".join(names) + "\n")
     started = time.perf_counter()
     subprocess.run(
-        ["rclone", "copy", f"bench:{bucket}/{prefix}", str(folder), "--files-from",
-         str(listing), "--transfers", str(transfers), "--config", "/dev/null"],
+        ["rclone", "copy", f"bench:{bucket}/{BASELINE}", str(folder), "--transfers",
+         str(transfers), "--config", "/dev/null"],
         env=env, check=True,
     )  # fmt: skip
-    load_all([folder / name for name in names])
+    load_all([folder / path for path in keys])
     return time.perf_counter() - started
 
 
@@ -167,7 +161,12 @@ def main() -> int:
         recorded = record_and_replicate(work, location, files, bucket, args.endpoint)
         if recorded is None:
             return 1
-        checkpoint, keys = recorded
+        checkpoint, _ = recorded
+        # The baselines' copy of the tree: one object a file, as rclone stores it.
+        from bench.replicate import rclone_phase
+
+        rclone_phase(args.endpoint, bucket, BASELINE, location, 32)
+        keys = {f["path"]: f"{BASELINE}/{f['path']}" for f in files}
         load_before = os.getloadavg()
         results = measure(args, client, bucket, keys, work, checkpoint)
     finally:
