@@ -166,7 +166,7 @@ def main() -> int:
     os.environ.setdefault("S3_SECRET_ACCESS_KEY", "bench-secret")
     os.environ["S3_ENDPOINT_URL"] = args.endpoint
     # The targets made below name this endpoint; the outbound policy refuses loopback and
-    # private endpoints unless the deployment allows them (webapp/domain/health/outbound.py).
+    # private endpoints unless the deployment allows them (webapp/domain/outbound.py).
     os.environ.setdefault("LIFEBOAT_OUTBOUND_ALLOW", urlsplit(args.endpoint).netloc)
     setup_django(work / "var")
     client = s3_client(args.endpoint)

@@ -65,7 +65,7 @@ def configure(args: argparse.Namespace, work: Path) -> None:
     os.environ.setdefault("S3_SECRET_ACCESS_KEY", "bench-secret")
     os.environ["S3_ENDPOINT_URL"] = args.endpoint
     # The targets made below name this endpoint; the outbound policy refuses loopback and
-    # private endpoints unless the deployment allows them (webapp/domain/health/outbound.py).
+    # private endpoints unless the deployment allows them (webapp/domain/outbound.py).
     os.environ.setdefault("LIFEBOAT_OUTBOUND_ALLOW", urlsplit(args.endpoint).netloc)
     os.environ["LIFEBOAT_SCRATCH_DIR"] = str(work / "scratch")
     from bench.replicate import setup_django

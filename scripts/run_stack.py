@@ -260,7 +260,7 @@ def start_s3(env: dict[str, str]):
     env.setdefault("S3_SECRET_ACCESS_KEY", "lifeboat-secret")
     env["S3_ENDPOINT_URL"] = f"http://127.0.0.1:{s3_port}"
     # Storage targets a user adds may name this local store; nothing else on loopback
-    # or the local network is allowed (webapp/domain/health/outbound.py).
+    # or the local network is allowed (webapp/domain/outbound.py).
     env.setdefault("LIFEBOAT_OUTBOUND_ALLOW", f"127.0.0.1:{s3_port}")
     (VAR / "s3").mkdir(parents=True, exist_ok=True)
     # Without AWS_* keys `weed mini` accepts any key; with them it would create a user

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def local_receivers_allowed(settings):
     """The receivers here listen on 127.0.0.1, which webhooks may reach only when the
-    deployment allows it (webapp/domain/health/outbound.py)."""
+    deployment allows it (webapp/domain/outbound.py)."""
     settings.OUTBOUND_ALLOW = ["127.0.0.1"]
 
 

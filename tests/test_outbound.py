@@ -1,12 +1,14 @@
-"""Outbound requests are the deployment's choice (webapp/domain/health/outbound.py): webhooks and
+"""Outbound requests are the deployment's choice (webapp/domain/outbound.py): webhooks and
 S3 endpoints that a project admin types may not reach loopback, link-local or private
-addresses unless LIFEBOAT_OUTBOUND_ALLOW names them; webhook deliveries are signed, go
-to the checked address, follow no redirect, and keep only the status line; webhook URLs
+addresses unless LIFEBOAT_OUTBOUND_ALLOW names them; webhook deliveries are signed
+(Standard Webhooks), go to the checked address, follow no redirect, and keep only the
+status line; webhook URLs
 are masked outside the admin's settings page; credentials_ref is limited to the names
 the deployment granted the project. Real HTTP receivers on 127.0.0.1, the real S3."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -27,33 +29,65 @@ pytestmark = pytest.mark.django_db
 BODY_SECRET = "ami-id-SECRET-FROM-THE-ANSWER"
 
 
+def standard_webhooks_ok(secret: str, headers: dict, body: bytes, tolerance_s: int = 300) -> bool:
+    """What a receiver does without a library (docs/alerts.md), written from the Standard
+    Webhooks spec and nothing of Lifeboat's: the key is the base64 after `whsec_`; the
+    signed content is `<webhook-id>.<webhook-timestamp>.<body>`; any of the
+    space-separated `v1,<base64>` signatures may match; the timestamp must be recent."""
+    headers = {k.lower(): v for k, v in headers.items()}
+    msg_id, timestamp = headers.get("webhook-id"), headers.get("webhook-timestamp", "")
+    if not (msg_id and timestamp.isdigit() and secret.startswith("whsec_")):
+        return False
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    fresh = abs(time.time() - int(timestamp)) <= tolerance_s
+    given = [s.split(",", 1) for s in headers.get("webhook-signature", "").split()]
+    return fresh and any(
+        version == "v1" and hmac.compare_digest(expected, sig) for version, sig in given
+    )
+
+
+def legacy_signature_ok(secret: str, header: str, body: bytes, tolerance_s: int = 300) -> bool:
+    """A receiver written for X-Lifeboat-Signature, the header sent before Standard
+    Webhooks (still sent): t and v1 from the header, the hex HMAC of `<t>.<body>` under
+    the secret string, compared in constant time, t recent."""
+    fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
+    if "t" not in fields or "v1" not in fields or not secret:
+        return False
+    expected = hmac.new(secret.encode(), fields["t"].encode() + b"." + body, hashlib.sha256)
+    fresh = abs(time.time() - int(fields["t"])) <= tolerance_s
+    return fresh and hmac.compare_digest(expected.hexdigest(), fields["v1"])
+
+
 class Receiver:
-    """A real HTTP server on 127.0.0.1 that checks each request's X-Lifeboat-Signature
-    with the channel's secret the way docs/alerts.md tells a receiver to, and answers
-    with `status` (and a body that must never reach Lifeboat's records)."""
+    """A real HTTP server on 127.0.0.1 that checks each request's Standard Webhooks
+    signature with the channel's secret the way docs/alerts.md tells a receiver to, and
+    answers with `status` (changeable between requests, and a body that must never reach
+    Lifeboat's records)."""
 
     def __init__(self, status: int = 200, location: str | None = None):
         self.requests: list[dict] = []
         self.secret = ""
+        self.status = status
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
+                headers = dict(self.headers.items())
                 outer.requests.append(
                     {
                         "method": self.command,
                         "path": self.path,
                         "host": self.headers.get("Host"),
                         "body": body,
-                        "signature": self.headers.get("X-Lifeboat-Signature", ""),
-                        "signature_ok": outer.signature_ok(
-                            self.headers.get("X-Lifeboat-Signature", ""), body
-                        ),
+                        "headers": headers,
+                        "signature_ok": outer.signature_ok(headers, body),
                     }
                 )
-                self.send_response(status)
+                self.send_response(outer.status)
                 if location:
                     self.send_header("Location", location)
                 self.end_headers()
@@ -70,17 +104,8 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.port}/hooks/T0/B0/PATH-TOKEN?token=QUERY-TOKEN"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def signature_ok(self, header: str, body: bytes, tolerance_s: int = 300) -> bool:
-        """What a receiver does (docs/alerts.md): t and v1 from the header, the HMAC of
-        `<t>.<body>` under the secret, compared in constant time, t recent."""
-        fields = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
-        if "t" not in fields or "v1" not in fields or not self.secret:
-            return False
-        expected = hmac.new(
-            self.secret.encode(), fields["t"].encode() + b"." + body, hashlib.sha256
-        ).hexdigest()
-        fresh = abs(time.time() - int(fields["t"])) <= tolerance_s
-        return fresh and hmac.compare_digest(expected, fields["v1"])
+    def signature_ok(self, headers: dict, body: bytes) -> bool:
+        return bool(self.secret) and standard_webhooks_ok(self.secret, headers, body)
 
     def close(self):
         self.server.shutdown()
@@ -134,15 +159,22 @@ def test_a_delivery_is_signed_with_the_channel_secret_and_keeps_no_body(
     sent = deliver_to(AlertChannel.objects.get(name="ok"))
     assert sent.status == "sent"
     (request,) = ok.requests
-    assert request["signature_ok"], "the receiver could not verify X-Lifeboat-Signature"
+    assert request["signature_ok"], "the receiver could not verify webhook-signature"
     assert json.loads(request["body"])["lifeboat"]["kind"] == "run.failed"
     assert request["host"] == f"127.0.0.1:{ok.port}"
     assert request["path"] == "/hooks/T0/B0/PATH-TOKEN?token=QUERY-TOKEN"
+    # A receiver written for the header sent before Standard Webhooks still verifies.
+    legacy = request["headers"]["X-Lifeboat-Signature"]
+    assert legacy_signature_ok(ok.secret, legacy, request["body"])
 
-    # The same header does not verify under another channel's secret, nor another body.
-    assert not ok.signature_ok(request["signature"], request["body"] + b" ")
+    # The same headers do not verify under another channel's secret, nor another body,
+    # nor another message id (the id is signed too).
+    assert not ok.signature_ok(request["headers"], request["body"] + b" ")
+    assert not legacy_signature_ok(ok.secret, legacy, request["body"] + b" ")
+    assert not ok.signature_ok(request["headers"] | {"webhook-id": "msg_other"}, request["body"])
     ok.secret = failing.secret
-    assert not ok.signature_ok(request["signature"], request["body"])
+    assert not ok.signature_ok(request["headers"], request["body"])
+    assert not legacy_signature_ok(ok.secret, legacy, request["body"])
 
     failed = deliver_to(AlertChannel.objects.get(name="failing"))
     assert failing.requests and failing.requests[0]["signature_ok"]
@@ -307,7 +339,8 @@ def test_the_connection_goes_to_the_checked_address_with_the_host_name_kept(rece
     """No second DNS lookup after the check: the connection is made to the address the
     check returned, whatever the name would resolve to now (here: nothing at all, .invalid
     never resolves), and the name still goes in the Host header."""
-    from webapp.domain.health import outbound, webhook_delivery
+    from webapp.domain import outbound
+    from webapp.domain.channels import http_post
 
     receiver = receivers()
     checked = outbound.Destination(
@@ -317,7 +350,7 @@ def test_the_connection_goes_to_the_checked_address_with_the_host_name_kept(rece
         address="127.0.0.1",
         target="/hooks/x",
     )
-    conn = webhook_delivery._connection(checked, timeout=5)
+    conn = http_post.connection(checked, timeout=5)
     try:
         conn.request("POST", checked.target, body=b"{}")
         assert conn.getresponse().status == 200

@@ -300,7 +300,7 @@ ALERT_MAX_ATTEMPTS = env_int("ALERT_MAX_ATTEMPTS", 5, minimum=1)
 ALERT_RETRY_BASE_S = env_int("ALERT_RETRY_BASE_S", 30, minimum=1)
 # Hosts and networks that URLs set by project admins (webhooks, S3 endpoints) may reach
 # although they are loopback, link-local or private: host names, host:port, IPs and
-# networks, e.g. "minio.internal,10.0.0.0/8,127.0.0.1:8333" (webapp/domain/health/outbound.py).
+# networks, e.g. "minio.internal,10.0.0.0/8,127.0.0.1:8333" (webapp/domain/outbound.py).
 # Empty: only public addresses.
 OUTBOUND_ALLOW = env_list("LIFEBOAT_OUTBOUND_ALLOW")
 # E-mail: SMTP when EMAIL_HOST is set; without it, e-mail channels fail with a message

@@ -1,5 +1,5 @@
 """When something is wrong, or nothing happens: find the status changes worth an alert,
-record each once, and send it to the project's channels.
+record each once, and hand it to delivery.
 
 * Runs (check_runs, every minute from beat): a running run whose last checkpoint is
   older than its expected interval plus grace (Run.health(): the same rule the dashboard
@@ -15,47 +15,43 @@ record each once, and send it to the project's channels.
 
 "Recorded once" holds with any number of workers: a run's state moves with a conditional
 UPDATE (only the worker whose UPDATE changed the row records the flip), and every flip
-has a unique key, so a repeat inserts nothing. A flip is processed once (claimed with a
-conditional UPDATE of processed_at); each channel gets one Notification (unique), whose
-delivery is retried for temporary errors with backoff, every attempt stored.
+has a unique key, so a repeat inserts nothing.
+
+This module finds problems; sending them is webapp/domain/health/delivery.py (process,
+deliver) through the channel kinds of webapp/domain/channels. process and deliver are
+re-exported here because the alert tasks (workers/alerts.py) and many tests call them as
+alerts.process and alerts.deliver.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import statistics
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
 from lifeboat.units import format_seconds
-from webapp.domain.locks import for_update
+from webapp.domain.health.delivery import deliver, process
 
 log = logging.getLogger(__name__)
 
-SEVERITY_ICON = {
-    "run.overdue": "🔴",
-    "run.failed": "🔴",
-    "checkpoint.corrupt": "🔴",
-    "checkpoint.missing": "🔴",
-    "replica.failed": "🔴",
-    "restore.failed": "🔴",
-    "checkpoint.suspicious": "🟠",
-    "save.slow": "🟠",
-    "storage.over_quota": "🟠",
-    "checkpoint.incomplete": "🔴",
-    "host.no_worker": "🔴",
-    "checkpoint.quarantined": "🔴",
-    "run.restart_loop": "🔴",
-    "storage.delete_unconfirmed": "🟠",
-    "storage.orphans": "🟠",
-    "run.up": "🟢",
-}
+# Names other modules know from here (see the docstring).
+__all__ = [
+    "check_quotas",
+    "check_runs",
+    "check_slow_save",
+    "claim_state",
+    "deliver",
+    "learn_interval",
+    "on_replica_failed",
+    "on_verdict",
+    "process",
+    "record",
+]
 
 
 def record(
@@ -310,157 +306,3 @@ def check_quotas() -> list:
                 )
             )
     return [f for f in flips if f is not None]
-
-
-# -- processing and delivery --------------------------------------------------------------------
-
-
-def process(flip_id: int) -> list[int]:
-    """Claim the flip and create one notification per channel that wants it; returns the
-    notification ids to deliver. A second call finds it claimed and does nothing."""
-    from webapp.domain.models.alerts import AlertChannel, Flip, Notification
-
-    now = timezone.now()
-    if Flip.objects.filter(pk=flip_id, processed_at__isnull=True).update(processed_at=now) != 1:
-        return []
-    flip = Flip.objects.get(pk=flip_id)
-    ids = []
-    for channel in AlertChannel.objects.filter(project_id=flip.project_id, enabled=True):
-        if not channel.wants(flip.kind):
-            continue
-        notification, _ = Notification.objects.get_or_create(
-            flip=flip, channel=channel, defaults={"next_attempt_at": now}
-        )
-        ids.append(notification.pk)
-    return ids
-
-
-class TemporaryError(Exception):
-    """Worth another try later (a timeout, a 5xx, a refused connection)."""
-
-
-class PermanentError(Exception):
-    """Another try would fail the same way (a 4xx, a malformed address)."""
-
-
-# The flips whose run the page offers to resume (dashboard recovery_views.recovery_offer).
-RECOVERABLE = ("run.failed", "run.overdue")
-
-
-def payload(flip) -> dict:
-    """Slack-compatible: Slack (and Mattermost, Discord's /slack endpoint) show `text`;
-    anything else can read the `lifeboat` object."""
-    base = settings.SITE_URL.rstrip("/")
-    link = f"{base}/p/{flip.project.slug}/"
-    if flip.run_id:
-        link += f"runs/{flip.run.key}/"
-    if flip.checkpoint_id:
-        link = f"{base}/p/{flip.project.slug}/checkpoints/{flip.checkpoint_id}/"
-    icon = SEVERITY_ICON.get(flip.kind, "")
-    text = f"{icon} [{flip.project.slug}] {flip.message} <{link}|Open in Lifeboat>"
-    # Recovery where the trouble shows: the run page's "Resume from the latest verified
-    # checkpoint" (templates/dashboard/run_detail.html, #recover).
-    resume_url = f"{link}#recover" if flip.kind in RECOVERABLE and flip.run_id else None
-    if resume_url:
-        text += f" · <{resume_url}|Resume from the latest verified checkpoint>"
-    return {
-        "text": text,
-        "lifeboat": {
-            "kind": flip.kind,
-            "project": flip.project.slug,
-            "run": flip.run.key if flip.run_id else None,
-            "checkpoint": flip.checkpoint_id,
-            "message": flip.message,
-            "url": link,
-            "resume_url": resume_url,
-            "time": flip.created_at.isoformat(),
-            "data": flip.data,
-        },
-    }
-
-
-def _send_webhook(channel, body: dict) -> int:
-    """One signed POST to the channel's URL, checked against the deployment's outbound
-    policy at this very moment (webapp/domain/health/webhook_delivery.py)."""
-    from webapp.domain.health import webhook_delivery
-
-    try:
-        return webhook_delivery.post(
-            channel.target,
-            json.dumps(body).encode(),
-            channel.secret,
-            timeout=settings.ALERT_TIMEOUT_S,
-        )
-    except webhook_delivery.DeliveryFailed as exc:
-        raise (TemporaryError if exc.temporary else PermanentError)(str(exc)) from None
-
-
-def _send_email(addresses: str, flip) -> int:
-    import smtplib
-
-    to = [a.strip() for a in addresses.split(",") if a.strip()]
-    if not to:
-        raise PermanentError("the channel has no address")
-    smtp = settings.EMAIL_BACKEND == "django.core.mail.backends.smtp.EmailBackend"
-    if smtp and not settings.EMAIL_HOST:
-        raise PermanentError("no EMAIL_HOST is configured: this server cannot send e-mail")
-    subject = f"[Lifeboat {flip.project.slug}] {flip.get_kind_display()}"
-    body = payload(flip)
-    text = f"{flip.message}\n\n{body['lifeboat']['url']}\n"
-    if body["lifeboat"]["resume_url"]:
-        text += f"\nResume from the latest verified checkpoint: {body['lifeboat']['resume_url']}\n"
-    try:
-        send_mail(subject, text, settings.DEFAULT_FROM_EMAIL, to, fail_silently=False)
-    except (smtplib.SMTPException, OSError) as exc:
-        raise TemporaryError(f"{type(exc).__name__}: {exc}") from None
-    return 0
-
-
-def deliver(notification_id: int) -> str | float:
-    """One attempt. Returns the final status, or the seconds to wait before the next
-    attempt. Safe to call twice: a settled notification is left alone."""
-    from webapp.domain.models.alerts import Notification, NotificationStatus
-
-    now = timezone.now()
-    with transaction.atomic():
-        notification = (
-            for_update(Notification.objects, skip_locked=True)
-            .filter(pk=notification_id, status=NotificationStatus.PENDING)
-            .first()
-        )
-        if notification is None:
-            return "settled"
-        # Lease it: another delivery of the same id waits for next_attempt_at.
-        if notification.next_attempt_at and notification.next_attempt_at > now:
-            return (notification.next_attempt_at - now).total_seconds()
-        notification.next_attempt_at = now + timedelta(seconds=settings.ALERT_TIMEOUT_S * 3)
-        notification.save(update_fields=["next_attempt_at"])
-    channel, flip = notification.channel, notification.flip
-    attempt = {"at": now.isoformat(), "ok": False, "status": None, "error": ""}
-    outcome: str | float
-    try:
-        if channel.kind == "webhook":
-            attempt["status"] = _send_webhook(channel, payload(flip))
-        else:
-            _send_email(channel.target, flip)
-        attempt["ok"] = True
-        notification.status = NotificationStatus.SENT
-        notification.sent_at = timezone.now()
-        notification.last_error = ""
-        outcome = "sent"
-    except (TemporaryError, PermanentError) as exc:
-        attempt["error"] = str(exc)
-        notification.last_error = str(exc)
-        tries = len(notification.attempts) + 1
-        if isinstance(exc, PermanentError) or tries >= settings.ALERT_MAX_ATTEMPTS:
-            notification.status = NotificationStatus.FAILED
-            outcome = "failed"
-        else:
-            delay = settings.ALERT_RETRY_BASE_S * 4 ** (tries - 1)
-            notification.next_attempt_at = timezone.now() + timedelta(seconds=delay)
-            outcome = float(delay)
-    notification.attempts = [*notification.attempts, attempt]
-    notification.save(
-        update_fields=["status", "attempts", "last_error", "next_attempt_at", "sent_at"]
-    )
-    return outcome

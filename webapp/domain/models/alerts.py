@@ -6,8 +6,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from webapp.domain.health.outbound import masked
-from webapp.domain.health.webhook_delivery import new_secret
+from webapp.domain import channels
+from webapp.domain.channels.signing import new_secret
 
 
 class AlertKind(models.TextChoices):
@@ -35,25 +35,24 @@ class AlertKind(models.TextChoices):
     STORAGE_ORPHANS = "storage.orphans", "Storage holds objects no record accounts for"
 
 
-class ChannelKind(models.TextChoices):
-    WEBHOOK = "webhook", "Webhook (JSON, Slack-compatible)"
-    EMAIL = "email", "E-mail"
-
-
 class AlertChannel(models.Model):
     project = models.ForeignKey(
         "domain.Project", on_delete=models.CASCADE, related_name="alert_channels"
     )
     name = models.CharField(max_length=100)
-    kind = models.CharField(max_length=16, choices=ChannelKind.choices)
-    # A URL for a webhook; one or more addresses, comma-separated, for e-mail.
+    # The kinds are the table in webapp/domain/channels (KINDS). A callable, so that the
+    # migrations name the function rather than copy the list: a new kind needs none.
+    kind = models.CharField(max_length=16, choices=channels.choices)
+    # What the kind sends to: a URL for the webhook, json and slack kinds; one or more
+    # addresses, comma-separated, for e-mail (each kind's clean_target()).
     target = models.TextField()
     # The alert kinds it wants; empty means all of them.
     kinds = models.JSONField(default=list, blank=True)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
-    # A webhook's deliveries are signed with it (webapp/domain/health/webhook_delivery.py);
-    # shown to the project's admins on the channel's settings page only.
+    # Deliveries of the signed kinds carry Standard Webhooks signatures made with it
+    # (webapp/domain/channels/signing.py); shown to the project's admins on the channel's
+    # settings page only.
     secret = models.CharField(max_length=100, default=new_secret, editable=False)
 
     class Meta:
@@ -65,10 +64,23 @@ class AlertChannel(models.Model):
         return f"{self.name} ({self.kind})"
 
     @property
+    def transport_class(self) -> type[channels.Transport] | None:
+        """The class of the channel's kind; None for a kind this server does not have."""
+        return channels.KINDS.get(self.kind)
+
+    @property
     def shown_target(self) -> str:
-        """What pages, audit messages and events may show: a webhook's URL masked to
-        scheme://host/… (its path often is the secret), e-mail addresses as they are."""
-        return masked(self.target) if self.kind == ChannelKind.WEBHOOK else self.target
+        """What pages, audit messages and events may show: a URL masked to
+        scheme://host/… (its path often is the secret), e-mail addresses as they are.
+        A kind this server does not know shows nothing of its target."""
+        transport = self.transport_class
+        return transport.shown_target(self.target) if transport else "…"
+
+    @property
+    def signed(self) -> bool:
+        """Its deliveries are signed with `secret` (the settings page shows it)."""
+        transport = self.transport_class
+        return bool(transport and transport.signed)
 
     def wants(self, kind: str) -> bool:
         return self.enabled and (not self.kinds or kind in self.kinds)

@@ -7,7 +7,7 @@ sign requests with the keys that reference names, from their own environment. So
   S3_CREDENTIALS_REFS ("S3_BACKUP=ml-team|vision,S3_ARCHIVE=*"); an empty one means the
   deployment's own keys (S3_ACCESS_KEY_ID), for the projects in
   S3_DEFAULT_CREDENTIALS_PROJECTS (every project unless narrowed);
-* endpoint_url must pass the outbound policy (webapp.domain.health.outbound): no loopback,
+* endpoint_url must pass the outbound policy (webapp.domain.outbound): no loopback,
   link-local or private address unless LIFEBOAT_OUTBOUND_ALLOW names it. An empty
   endpoint_url is the deployment's own S3_ENDPOINT_URL (or AWS), which is not checked.
 
@@ -26,7 +26,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from webapp.domain.health import outbound
+from webapp.domain import outbound
 
 # A checked endpoint is trusted this long by one process: the API presigns URLs on every
 # read and should not ask DNS each time.

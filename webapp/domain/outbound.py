@@ -9,9 +9,12 @@ link-local, private, shared, unspecified, multicast or reserved address (IPv4-ma
 OUTBOUND_ALLOW (LIFEBOAT_OUTBOUND_ALLOW: `minio.internal,10.0.0.0/8,127.0.0.1:8333`).
 
 check() resolves the host once and returns the address it checked; callers that can
-(webapp/domain/health/webhook_delivery.py) connect to that address, so a DNS answer that
+(webapp/domain/channels/http_post.py) connect to that address, so a DNS answer that
 changes between the check and the connection (rebinding) cannot move them elsewhere.
 Only http and https; no user:password@ in the URL.
+
+It lives at the top of the domain, not under health/, because alert channels and the
+storage targets of replication both send requests to addresses an admin typed.
 """
 
 from __future__ import annotations
