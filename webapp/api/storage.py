@@ -141,22 +141,6 @@ def clean_audit(request, audit_id: AuditId):
     return Status(202, {"message": f"the findings of audit {audit_id} are being cleaned"})
 
 
-class TargetLedgerOut(Schema):
-    target: str
-    bucket: str
-    prefix: str
-    copies: int
-    stored_bytes: int
-    stored_objects: int
-    logical_bytes: int
-    saved_bytes: int
-    would_free_bytes: int
-    freed_bytes: int
-    freed_bytes_30d: int
-    gb_month_price: float | None
-    monthly_cost: float | None
-
-
 class ReplicaTotalsOut(Schema):
     copies: int
     stored_bytes: int
@@ -167,6 +151,13 @@ class ReplicaTotalsOut(Schema):
     freed_bytes: int
     freed_bytes_30d: int
     monthly_cost: float | None
+
+
+class TargetLedgerOut(ReplicaTotalsOut):
+    target: str
+    bucket: str
+    prefix: str
+    gb_month_price: float | None
 
 
 class LocalLedgerOut(Schema):

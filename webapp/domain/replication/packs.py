@@ -43,13 +43,13 @@ def split(entries: list[dict]) -> tuple[list[dict], list[dict]]:
     return small, [e for e in entries if id(e) not in packed]
 
 
-def known_locations(replica, lookback: int) -> dict[str, dict]:
-    """sha256 -> where an earlier live copy of the same run, on the same store, holds
-    that file in a pack: {key, offset, object_size}."""
+def earlier_files(replica, lookback: int):
+    """The file lists of the run's `lookback` newest live copies on the same store, other
+    than this one: where an unchanged file may already be."""
     from webapp.domain.models import Replica
     from webapp.domain.models.recovery import ReplicaStatus
 
-    earlier = (
+    return (
         Replica.objects.filter(checkpoint__run_id=replica.checkpoint.run_id)
         .filter(**targets.same_store(replica.target))
         .exclude(pk=replica.pk)
@@ -57,8 +57,13 @@ def known_locations(replica, lookback: int) -> dict[str, dict]:
         .order_by("-pk")
         .values_list("files", flat=True)[:lookback]
     )
+
+
+def known_locations(replica, lookback: int) -> dict[str, dict]:
+    """sha256 -> where an earlier live copy of the same run, on the same store, holds
+    that file in a pack: {key, offset, object_size}."""
     found: dict[str, dict] = {}
-    for files in earlier:
+    for files in earlier_files(replica, lookback):
         for entry in files or []:
             if isinstance(entry, dict) and "offset" in entry:
                 found.setdefault(entry["sha256"], {

@@ -154,21 +154,10 @@ def _worth_a_look(replica, claimed: Claim):
     recent live replicas in the same store names (a tokenizer, a config, a frozen
     shard). A small file that is on the target for another reason is sent again: the
     same bytes under the same content address."""
-    from webapp.domain.models import Replica
-    from webapp.domain.models.recovery import ReplicaStatus
-
     if claimed.attempt > 1:
         return lambda entry: True
     known: set[str] = set()
-    earlier = (
-        Replica.objects.filter(checkpoint__run_id=replica.checkpoint.run_id)
-        .filter(**targets.same_store(replica.target))
-        .exclude(pk=replica.pk)
-        .exclude(status=ReplicaStatus.DELETED)
-        .order_by("-pk")
-        .values_list("files", flat=True)[:DEDUP_LOOKBACK]
-    )
-    for files in earlier:
+    for files in packs.earlier_files(replica, DEDUP_LOOKBACK):
         known |= {entry["key"] for entry in files or []}
     part = settings.REPLICATION_PART_SIZE
     return lambda entry: entry["size"] > part or entry["key"] in known
