@@ -14,7 +14,7 @@ from django.core import mail
 from django.utils import timezone
 
 from tests.conftest import event, saved
-from webapp.domain.health import alerts
+from webapp.domain.health import alerts, delivery
 from webapp.domain.models import Checkpoint, Run
 from webapp.domain.models.alerts import AlertChannel, Flip, Notification
 
@@ -68,9 +68,9 @@ def deliver_all(flips) -> list[Notification]:
     """What the alert worker does for each flip: process it, deliver each notification."""
     ids = []
     for flip in flips:
-        ids += alerts.process(flip.pk)
+        ids += delivery.process(flip.pk)
     for notification_id in ids:
-        alerts.deliver(notification_id)
+        delivery.deliver(notification_id)
     return list(Notification.objects.filter(pk__in=ids))
 
 
@@ -133,7 +133,7 @@ def test_an_overdue_run_is_recorded_once_even_by_concurrent_sweeps(
     assert sent["lifeboat"]["resume_url"].endswith("/p/alpha/runs/train/#recover")
     assert "#recover|Resume from the latest verified checkpoint>" in sent["text"]
     # Processing the same flip again sends nothing more.
-    assert alerts.process(Flip.objects.get().pk) == []
+    assert delivery.process(Flip.objects.get().pk) == []
 
 
 def test_a_run_that_checkpoints_again_is_up_and_a_failed_run_is_reported(
@@ -229,9 +229,9 @@ def test_a_corrupt_checkpoint_is_mailed_and_a_bad_webhook_is_retried_then_given_
         # 503: temporary, tried again when due, then sent; both attempts kept.
         flaky_one = notifications["flaky"]
         assert flaky_one.status == "pending" and "HTTP 503" in flaky_one.last_error
-        assert isinstance(alerts.deliver(flaky_one.pk), float)  # not due yet: nothing sent
+        assert isinstance(delivery.deliver(flaky_one.pk), float)  # not due yet: nothing sent
         Notification.objects.filter(pk=flaky_one.pk).update(next_attempt_at=timezone.now())
-        assert alerts.deliver(flaky_one.pk) == "sent"
+        assert delivery.deliver(flaky_one.pk) == "sent"
         flaky_one.refresh_from_db()
         assert [a["status"] for a in flaky_one.attempts] == [None, 200]
         assert [a["ok"] for a in flaky_one.attempts] == [False, True]

@@ -23,7 +23,7 @@ from tests.test_outbound import REFUSED, Receiver, standard_webhooks_ok
 from webapp.domain import channels
 from webapp.domain.channels import signing
 from webapp.domain.channels.http_post import post
-from webapp.domain.health import alerts
+from webapp.domain.health import delivery
 from webapp.domain.models.alerts import AlertChannel, Flip, Notification
 
 pytestmark = pytest.mark.django_db
@@ -61,9 +61,9 @@ def flip_for(project, message="Run r failed (exit code 1)", kind="run.failed", r
 
 def notify(channel, flip) -> Notification:
     """What the alert worker does: process the flip, deliver its notification once."""
-    alerts.process(flip.pk)
+    delivery.process(flip.pk)
     notification = Notification.objects.get(flip=flip, channel=channel)
-    alerts.deliver(notification.pk)
+    delivery.deliver(notification.pk)
     notification.refresh_from_db()
     return notification
 
@@ -190,7 +190,7 @@ def test_every_try_of_a_notification_carries_the_same_webhook_id(project, receiv
     assert first.status == "pending"
     receiver.status = 200
     Notification.objects.filter(pk=first.pk).update(next_attempt_at=timezone.now())
-    assert alerts.deliver(first.pk) == "sent"
+    assert delivery.deliver(first.pk) == "sent"
     notify(channel, flip_for(project))  # another alert
     ids = [r["headers"]["webhook-id"] for r in receiver.requests]
     assert ids[0] == ids[1] != ids[2]  # a retry is the same message; another alert is not

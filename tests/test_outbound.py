@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.test_dashboard import as_user
-from webapp.domain.health import alerts
+from webapp.domain.health import delivery
 from webapp.domain.models import Event, StorageTarget
 from webapp.domain.models.alerts import AlertChannel, Flip, Notification
 from webapp.domain.replication import storage, storage_access, targets
@@ -134,9 +134,9 @@ def deliver_to(channel) -> Notification:
         key=f"k-{channel.pk}-{time.monotonic_ns()}",
         message="Run r failed (exit code 1)",
     )
-    alerts.process(flip.pk)
+    delivery.process(flip.pk)
     notification = Notification.objects.get(flip=flip, channel=channel)
-    alerts.deliver(notification.pk)
+    delivery.deliver(notification.pk)
     notification.refresh_from_db()
     return notification
 

@@ -1,5 +1,6 @@
 """Alert tasks (queue `alerts`): the periodic sweep that finds overdue and failed runs and
-storage over quota, and the processing and delivery of each flip (webapp/domain/health/alerts.py).
+storage over quota (webapp/domain/health/alerts.py), and the processing and delivery of
+each flip through its channel's kind (webapp/domain/health/delivery.py).
 Every task takes ids and is safe to run twice."""
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ def check() -> int:
 
 @shared_task(name="workers.alerts.process_flip", ignore_result=True)
 def process_flip(flip_id: int) -> int:
-    from webapp.domain.health import alerts
+    from webapp.domain.health import delivery
 
-    ids = alerts.process(flip_id)
+    ids = delivery.process(flip_id)
     for notification_id in ids:
         deliver_notification.delay(notification_id)
     return len(ids)
@@ -42,9 +43,9 @@ def process_flip(flip_id: int) -> int:
 
 @shared_task(name="workers.alerts.deliver_notification", ignore_result=True)
 def deliver_notification(notification_id: int) -> str:
-    from webapp.domain.health import alerts
+    from webapp.domain.health import delivery
 
-    outcome = alerts.deliver(notification_id)
+    outcome = delivery.deliver(notification_id)
     if isinstance(outcome, float):
         # A temporary error: try again later. The row holds the time, so an early
         # duplicate of this message only finds it not yet due.

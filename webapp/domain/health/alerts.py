@@ -18,9 +18,7 @@ UPDATE (only the worker whose UPDATE changed the row records the flip), and ever
 has a unique key, so a repeat inserts nothing.
 
 This module finds problems; sending them is webapp/domain/health/delivery.py (process,
-deliver) through the channel kinds of webapp/domain/channels. process and deliver are
-re-exported here because the alert tasks (workers/alerts.py) and many tests call them as
-alerts.process and alerts.deliver.
+deliver) through the channel kinds of webapp/domain/channels.
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from lifeboat.units import format_seconds
-from webapp.domain.health.delivery import deliver, process
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +42,9 @@ __all__ = [
     "check_runs",
     "check_slow_save",
     "claim_state",
-    "deliver",
     "learn_interval",
     "on_replica_failed",
     "on_verdict",
-    "process",
     "record",
 ]
 
