@@ -206,6 +206,7 @@ def _storage(out: Exposition) -> None:
     (webapp/domain/replication/ledger.py, written every STORAGE_LEDGER_S): one query,
     however many objects are stored."""
     from webapp.domain.models import StorageSnapshot
+    from webapp.domain.replication.ledger import GB
 
     newest = (
         StorageSnapshot.objects.values("project_id", "target_id")
@@ -240,7 +241,7 @@ def _storage(out: Exposition) -> None:
         out.sample("lifeboat_storage_would_free_bytes", row["would_free_bytes"], **labels)
         price = row["target__gb_month_price"]
         if price is not None:
-            cost = row["stored_bytes"] / 1024**3 * price
+            cost = row["stored_bytes"] / GB * price
             out.sample("lifeboat_storage_monthly_cost", cost, **labels)
 
 
