@@ -48,6 +48,8 @@ def test_a_many_file_checkpoint_is_copied_complete_and_byte_exact(
     settings.REPLICATION_PART_SIZE = 5 * MiB
     settings.REPLICATION_CONCURRENCY = 4
     settings.REPLICATION_FILES_AT_ONCE = 8
+    # One object a file, sent 8 at once (small files in packs: tests/test_packs.py).
+    settings.REPLICATION_PACK_BELOW = 0
     files = tree(small=400, large=3)
     checkpoint = make_checkpoint(project, root, 1, files)
     make_target(project, s3, "main")

@@ -11,6 +11,8 @@ import uuid
 
 import pytest
 
+from tests.conftest import member
+from tests.test_dashboard import as_user
 from tests.test_replication import MiB, make_checkpoint, make_target, replicate_now
 from webapp.domain.models import Event, Flip, Replica, RetentionPolicy, StorageAudit
 from webapp.domain.replication import targets
@@ -67,6 +69,11 @@ def test_a_delete_the_store_did_not_carry_out_is_reported_not_recorded(
     assert event.data["still_stored"][0]["key"] in (model_key, doomed.manifest_key)
     (flip,) = Flip.objects.filter(kind="storage.delete_unconfirmed")
     assert flip.checkpoint_id == doomed.checkpoint_id
+    # The storage page says so, with what the listing showed.
+    page = as_user(member(project, "vic", "viewer")).get(f"/p/{project.slug}/storage/")
+    proof = page.content.decode().split('id="storage-proof"')[1].split("</section>")[0]
+    assert "1 deletion the store did not carry out" in proof
+    assert "0 current and 2 kept only as older versions" in proof
 
     # The sweeper's next try finds the same: no second event, no second alert.
     retention.finish_interrupted(project, "system:sweeper")
@@ -195,8 +202,7 @@ def test_an_orphan_a_new_replica_names_by_the_cleanup_s_time_stays(project, root
 def test_the_settings_show_the_audit_and_an_admin_cleans_from_the_page(
     project, root, s3, settings, admin, queues
 ):
-    from tests.conftest import member, queued_tasks
-    from tests.test_dashboard import as_user
+    from tests.conftest import queued_tasks
     from workers.replicate import clean_storage
 
     settings.STORAGE_AUDIT_GRACE_S = 0
@@ -212,6 +218,10 @@ def test_the_settings_show_the_audit_and_an_admin_cleans_from_the_page(
 
     listing = client.get(f"/p/{project.slug}/settings/storage/").content.decode()
     assert "1 objects, 2.0 KiB unaccounted" in listing
+    # The storage page shows each target's newest audit, linked for admins.
+    storage = client.get(f"/p/{project.slug}/storage/").content.decode()
+    audits = storage.split('id="storage-audits"')[1].split("</table>")[0]
+    assert "1 objects, 2.0 KiB" in audits and base in audits
     page = client.get(base).content.decode()
     assert orphan in page and "Delete these 1 objects" in page
     # An operator may not see the store's keys, nor clean.

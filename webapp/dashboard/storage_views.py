@@ -14,6 +14,7 @@ from webapp.dashboard import charts
 from webapp.dashboard.access import project_view
 from webapp.dashboard.time_charts import over_time
 from webapp.domain.replication import ledger
+from webapp.domain.retention import orphans
 
 HISTORY_DAYS = 90
 
@@ -30,6 +31,7 @@ def storage_page(request):
             "project": project,
             "access": request.access,
             "l": figures,
+            "proof": orphans.findings(project),
             "history_days": HISTORY_DAYS,
             "charts": [
                 over_time(

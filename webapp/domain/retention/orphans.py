@@ -254,3 +254,29 @@ def _resend_claimed_meanwhile(target, gone: set[str], since) -> int:
         )
         policy.enqueue(touched)
     return len(touched)
+
+
+def findings(project, limit: int = 20) -> dict:
+    """What the storage page shows of the proofs: deletions the store has not carried
+    out (replicas retention deleted whose objects are still listed), and each target's
+    newest audit."""
+    unconfirmed = (
+        Replica.objects.filter(
+            target__project=project, status=ReplicaStatus.DELETED, deleted_at__isnull=True
+        )
+        .exclude(last_error="")
+        .select_related("checkpoint__run", "target")
+        .order_by("-pk")
+    )
+    newest = {}
+    for row in StorageAudit.objects.filter(target__project=project).order_by(
+        "target_id", "-started_at"
+    ):
+        newest.setdefault(row.target_id, row)
+    return {
+        "unconfirmed_total": unconfirmed.count(),
+        "unconfirmed": list(unconfirmed[:limit]),
+        "audits": [
+            (target, newest.get(target.pk)) for target in project.storage_targets.order_by("name")
+        ],
+    }
