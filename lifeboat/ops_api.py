@@ -96,6 +96,20 @@ class OpsClient:
     def goodput(self, run: str) -> dict:
         return self._call(f"run {run!r}", "GET", f"/runs/{quote_key(run)}/goodput")
 
+    def storage(self, limit: int) -> dict:
+        limit = max(1, min(int(limit), 1000))
+        return self._call("the storage ledger", "GET", f"/storage?{urlencode({'limit': limit})}")
+
+    def storage_audits(self) -> list:
+        # A JSON list comes back as {"value": [...]} (transport._answer).
+        return self._call("the storage audits", "GET", "/storage/audits").get("value", [])
+
+    def audit_storage(self, target: str) -> dict:
+        return self._call(f"target {target!r}", "POST", "/storage/audits", {"target": target})
+
+    def clean_storage(self, audit_id: int) -> dict:
+        return self._call(f"audit {audit_id}", "POST", f"/storage/audits/{int(audit_id)}/clean")
+
     def project_goodput(self, since: str | None, group_by: str, limit: int) -> dict:
         query = {"group_by": group_by, "limit": max(1, min(int(limit), 1000))}
         if since:

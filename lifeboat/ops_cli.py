@@ -11,7 +11,7 @@ import json
 import os
 
 from lifeboat import ops_format as fmt
-from lifeboat import ops_goodput
+from lifeboat import ops_goodput, ops_storage
 from lifeboat.config import Config, process_rank, process_world_size
 from lifeboat.ops_api import EXIT_CODES, NOT_VERIFIED, OK, USAGE, CommandFailed, OpsClient
 from lifeboat.parts import parts_from_env, rank_share
@@ -242,6 +242,10 @@ def _goodput(args) -> int:
     return ops_goodput.run(_client(args), args)
 
 
+def _storage(args) -> int:
+    return ops_storage.run(_client(args), args)
+
+
 def add_commands(commands) -> dict:
     """Add the operator's commands to `commands` (the subparsers); returns their
     handlers by name."""
@@ -331,6 +335,19 @@ def add_commands(commands) -> dict:
     goodput.add_argument("--limit", type=int, default=10, help="groups shown (10)")
     output(goodput)
 
+    storage = command(
+        "storage",
+        "what the checkpoints take on each storage target and locally, what it costs, what "
+        "retention freed and would free, and what each target's audit found",
+    )
+    storage.add_argument("--limit", type=int, default=10, help="runs shown (10)")
+    storage.add_argument("--audit", metavar="TARGET", help="list this target now (operate)")
+    storage.add_argument(
+        "--clean", type=int, metavar="AUDIT",
+        help="delete what this audit found, each object checked again first (operate)",
+    )  # fmt: skip
+    output(storage)
+
     resume = command("resume", "restart a run from a checkpoint with a launch profile")
     resume.add_argument("id", type=int, help="the checkpoint id")
     resume.add_argument("--profile", required=True, help="the launch profile's name")
@@ -350,4 +367,5 @@ def add_commands(commands) -> dict:
         "restore-test": lambda args: _check(args, "restore"),
         "resume": _resume,
         "goodput": _goodput,
+        "storage": _storage,
     }

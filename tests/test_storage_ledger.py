@@ -5,6 +5,7 @@ what retention would free, then what it freed; the page, the API and the gauges
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -115,3 +116,26 @@ def test_a_hostile_price_is_refused(project, admin, s3):
         assert response.status_code == 200, price  # the form again, with the error
         target.refresh_from_db()
         assert target.gb_month_price is None
+
+
+def test_the_cli_prints_the_ledger_and_asks_for_an_audit(three, server, token, tmp_path, queues):
+    from tests.conftest import queued_tasks
+    from tests.test_cli_ops import cli_env, lifeboat
+
+    env = cli_env(server.url, token, tmp_path)
+    done = lifeboat(env, "storage")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("on storage targets: 1.6 MiB in 7 objects, 3 copies")
+    assert "deduplication saves 2.0 MiB" in lines[0]
+    assert any(line.startswith("main ") and "not audited" in line for line in lines)
+    assert any(line.startswith("run-1 ") for line in lines)
+    assert json.loads(lifeboat(env, "storage", "--json").stdout)["ledger"]["runs_total"] == 1
+
+    asked = lifeboat(env, "storage", "--audit", "main")
+    assert asked.returncode == 0 and "being audited" in asked.stdout
+    assert [t["task"] for t in queued_tasks(queues, "replicate")] == [
+        "workers.replicate.audit_target"
+    ]
+    refused = lifeboat(env, "storage", "--clean", "999")
+    assert refused.returncode != 0 and "no storage audit 999" in refused.stderr
