@@ -32,6 +32,7 @@ test-quick: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-logo  # the layers: [tool.importlinter] in pyproject.toml
 
 format: $(STAMP)
 	$(BIN)/ruff format .

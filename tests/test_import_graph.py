@@ -1,17 +1,26 @@
-"""The import graph, read from the source (ast): nothing under webapp/ imports workers/
-(the web side publishes tasks by name, webapp/domain/publish.py), and no import cycle
-runs between the packages webapp.api, webapp.dashboard, webapp.domain, the rest of
-webapp, workers and lifeboat.
+"""The layers and the import graph.
 
-A cycle is looked for among module-level imports (what runs when a module is imported):
-an import inside a function runs later and cannot deadlock an import, so it is the
-accepted way to break one, and it is left out. Importing a.b.c also runs a/__init__.py
-and a/b/__init__.py, so that counts as importing them too (except where the importer
-is inside them: they ran before it)."""
+The layers are import-linter contracts in pyproject.toml (`lint-imports`, run by `make
+lint` and by the first test here): entry points above api, dashboard and workers, above
+webapp.ops, above the domain, above the client; nothing under webapp/ imports workers/
+(the web side publishes tasks by name, webapp/domain/publish.py); the client's core and
+the inspection child import neither Django nor the network. Those contracts count every
+import, inside functions too.
+
+What they cannot say yet is "no cycle among module-level imports" across the packages
+webapp.api, webapp.dashboard, webapp.domain, workers and lifeboat: the domain's stages
+still reach each other from inside functions, so an acyclic contract on them would fail.
+The ast walk below checks that narrower rule: an import inside a function runs later and
+cannot deadlock an import. Importing a.b.c also runs a/__init__.py and a/b/__init__.py,
+so that counts as importing them too (except where the importer is inside them)."""
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,11 +30,6 @@ TOP = ("webapp", "workers", "lifeboat")
 # The rest of webapp/ (urls, settings, ops, accounts, ...) counts a package per name:
 # webapp.urls sits above api and dashboard, webapp.ops below everything.
 PACKAGES = ("webapp.api", "webapp.dashboard", "webapp.domain", "workers", "lifeboat")
-
-# Files of webapp/ that still import workers, each waiting for a change in another branch
-# (issue #19: ingest is being rewritten there); the test below fails once one no longer
-# does, so that this list only shrinks.
-NOT_YET: dict[str, str] = {}
 
 
 def modules() -> dict[str, Path]:
@@ -143,18 +147,37 @@ def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_nothing_under_webapp_imports_workers():
-    offenders = {}
-    for module, path in modules().items():
-        if not module.startswith("webapp"):
-            continue
-        names = imports(module, path, top_level_only=False)
-        bad = sorted(n for n in names if n == "workers" or n.startswith("workers."))
-        if bad:
-            offenders[str(path.relative_to(ROOT))] = bad
-    waiting = {f: offenders.pop(f) for f in list(offenders) if f in NOT_YET}
-    assert offenders == {}, "webapp/ must publish tasks by name (webapp/domain/publish.py)"
-    assert sorted(waiting) == sorted(NOT_YET), "fixed: take it off NOT_YET"
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """lint-imports with the project's contracts, on the packages found under root."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    lint = Path(sys.executable).parent / "lint-imports"
+    return subprocess.run(
+        [str(lint), str(ROOT / "pyproject.toml"), "--no-cache", "--no-logo"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_the_declared_layers_hold():
+    done = lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+def test_the_contracts_see_an_arrow_up_the_layers(tmp_path):
+    """Not vacuous: a copy of the code with webapp.domain importing workers, and the
+    client importing Django, breaks them (from inside a function, too)."""
+    for top in TOP:
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    with (tmp_path / "webapp/domain/publish.py").open("a") as module:
+        module.write("\n\ndef _late():\n    import workers.celery  # noqa\n")
+    with (tmp_path / "lifeboat/units.py").open("a") as module:
+        module.write("\n\nimport django  # noqa\n")
+    done = lint_imports(tmp_path)
+    assert done.returncode != 0
+    out = " ".join(done.stdout.split())
+    assert "nothing under webapp imports workers BROKEN" in out
+    assert "HF only in their hooks) BROKEN" in out
+    assert "webapp.domain.publish -> workers.celery" in out
 
 
 def test_no_import_cycle_crosses_a_package():
@@ -166,27 +189,8 @@ def test_no_import_cycle_crosses_a_package():
     assert crossing == []
 
 
-def test_the_packages_import_each_other_one_way():
-    """Collapsed to packages, with the imports inside functions too: an arrow from A to
-    B and one from B back to A (even through other modules, even run late) is a cycle a
-    reader has to hold in mind."""
-    known = modules()
-    packages: dict[str, set[str]] = defaultdict(set)
-    for module, path in known.items():
-        waiting = str(path.relative_to(ROOT)) in NOT_YET
-        for name in imports(module, path, top_level_only=False):
-            while name not in known and "." in name:
-                name = name.rsplit(".", 1)[0]
-            if name not in known or name == "webapp":  # webapp/__init__.py: a namespace
-                continue
-            a, b = package_of(module), package_of(name)
-            if a != b and not (waiting and b == "workers"):
-                packages[a].add(b)
-    assert strongly_connected(packages) == []
-
-
-def test_the_checker_sees_a_cycle_and_an_arrow_to_workers(tmp_path):
-    """The checks above are not vacuous: they find what they look for."""
+def test_the_cycle_checker_sees_a_cycle(tmp_path):
+    """The module-level cycle check below is not vacuous."""
     assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     module = tmp_path / "enqueue.py"
     module.write_text("def later():\n    from workers.validate import validate_checkpoint\n")
