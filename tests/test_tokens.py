@@ -97,7 +97,7 @@ def test_create_project_refuses_bad_roots_and_scopes():
     with pytest.raises(CommandError, match="absolute path"):
         call_command("create_project", "x", "--root", "relative/dir")
     with pytest.raises(CommandError, match="unknown scopes"):
-        call_command("create_project", "x", "--scopes", "ingest,admin")
+        call_command("create_project", "x", "--scopes", "ingest,root")
     assert not Project.objects.filter(slug="x").exists()
 
 

@@ -47,3 +47,5 @@ def token_with_scope(secret: str, scope: str) -> ApiToken:
 ingest_auth = TokenAuth("ingest")
 read_auth = TokenAuth("read")
 operate_auth = TokenAuth("operate")
+# A project admin's powers: the /settings/ routes (settings_*.py).
+admin_auth = TokenAuth("admin")

@@ -3,7 +3,15 @@ from __future__ import annotations
 from ninja import NinjaAPI
 from pydantic import TypeAdapter
 
-from webapp.api import actions, cluster_reads, events, reads, storage
+from webapp.api import (
+    actions,
+    cluster_reads,
+    events,
+    reads,
+    settings_access,
+    settings_places,
+    storage,
+)
 from webapp.api.documented_errors import declare_errors
 from webapp.api.errors import install_handlers
 from webapp.api.params import ObjectBodies
@@ -28,7 +36,8 @@ class LifeboatAPI(NinjaAPI):
 api = LifeboatAPI(
     title="Lifeboat API",
     version="1",
-    description="Events from training jobs, and reads and actions on runs and checkpoints.",
+    description="Events from training jobs, reads and actions on runs and checkpoints, and "
+    "a project's settings (scope admin).",
     urls_namespace="api",
     openapi_url="/openapi.json",
     docs_url="/docs",
@@ -39,3 +48,5 @@ api.add_router("/", reads.router)
 api.add_router("/", actions.router)
 api.add_router("/", cluster_reads.router)
 api.add_router("/", storage.router)
+api.add_router("/", settings_access.router)
+api.add_router("/", settings_places.router)

@@ -10,15 +10,14 @@ scheme://host/…."""
 from __future__ import annotations
 
 from django import forms
-from django.contrib import messages
-from django.db import IntegrityError, transaction
 from django.db.models import Count, Prefetch
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import project_view
-from webapp.dashboard.settings_views import _settings_context, audit
-from webapp.domain import channels
+from webapp.dashboard.setting_changes import change
+from webapp.dashboard.settings_views import _settings_context
+from webapp.domain import actions, channels
 from webapp.domain.models.alerts import AlertChannel, AlertKind, Flip, Notification
 from webapp.domain.models.projects import Role
 
@@ -51,18 +50,8 @@ class AlertChannelForm(forms.ModelForm):
         self.fields["kind"].choices = channels.choices()  # no empty choice
         self.fields["kind"].initial = next(iter(channels.KINDS))
 
-    def clean(self):
-        data = super().clean()
-        kind, target = data.get("kind"), (data.get("target") or "").strip()
-        if not kind or not target:
-            return data
-        # The kind's own check (webapp/domain/channels/<kind>.py); the field's choices
-        # made sure the kind is in the table.
-        try:
-            data["target"] = channels.KINDS[kind].clean_target(target)
-        except channels.TargetInvalid as exc:
-            self.add_error("target", str(exc))
-        return data
+    # The target is checked by its kind's transport in the action
+    # (webapp/domain/actions/alert_channels.py), for this page and the API alike.
 
 
 @require_http_methods(["GET", "POST"])
@@ -72,25 +61,15 @@ def alerts(request):
     and every attempt at sending it."""
     form = AlertChannelForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        channel = form.save(commit=False)
-        channel.project = request.project
-        channel.target = form.cleaned_data["target"]
-        try:
-            with transaction.atomic():
-                channel.save()
-        except IntegrityError:
-            form.add_error("name", "An alert channel of this project already has this name.")
-        else:
-            kinds = ", ".join(channel.kinds) or "every kind"
-            audit(
-                request,
-                "alert_channel.created",
-                f"alert channel {channel.name!r} ({channel.kind} to {channel.shown_target}) "
-                f"created for {kinds}",
-                alert_channel=channel.pk,
-            )
-            messages.success(request, f"Alert channel {channel.name} is added.")
-            return redirect("dashboard:settings-alerts", request.project.slug)
+        done = change(
+            request,
+            lambda caller: actions.create_channel(caller, **form.cleaned_data),
+            "dashboard:settings-alerts",
+            form=form,
+            done=lambda channel: f"Alert channel {channel.name} is added.",
+        )
+        if done is not None:
+            return done
     channels = request.project.alert_channels.annotate(sent=Count("notifications")).order_by("name")
     flips = (
         Flip.objects.filter(project=request.project)
@@ -124,17 +103,15 @@ def alerts(request):
 def alert_channel_enabled(request, channel_id: int):
     channel = get_object_or_404(AlertChannel, project=request.project, pk=channel_id)
     enabled = request.POST.get("enabled", "0") not in ("0", "false", "")
-    if AlertChannel.objects.filter(pk=channel.pk).exclude(enabled=enabled).update(enabled=enabled):
-        verb = "enabled" if enabled else "disabled"
-        audit(
-            request,
-            f"alert_channel.{verb}",
-            f"alert channel {channel.name!r} {verb}",
-            alert_channel=channel.pk,
-        )
-        messages.success(
-            request,
+    verb = "enabled" if enabled else "disabled"
+    return change(
+        request,
+        lambda caller: actions.set_channel_enabled(caller, channel, enabled),
+        "dashboard:settings-alerts",
+        done=lambda changed: (
             f"Alert channel {channel.name} is {verb}"
-            + ("." if enabled else ": it gets no notifications until enabled again."),
-        )
-    return redirect("dashboard:settings-alerts", request.project.slug)
+            + ("." if enabled else ": it gets no notifications until enabled again.")
+            if changed
+            else None
+        ),
+    )

@@ -9,43 +9,27 @@ names, is refused. The page says which and why. Every change is an audit Event."
 from __future__ import annotations
 
 from django.contrib import messages
-from django.db import IntegrityError, transaction
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import project_view
 from webapp.dashboard.alert_views import AlertChannelForm
+from webapp.dashboard.setting_changes import change
 from webapp.dashboard.settings_views import (
     SAMPLE_VALUES,
     StorageTargetForm,
     _settings_context,
-    audit,
     placeholder_rows,
     profile_form,
 )
+from webapp.domain import actions
+from webapp.domain.actions.launch_profiles import history as profile_history
+from webapp.domain.actions.storage_targets import FIXED_FIELDS
 from webapp.domain.launch import template
 from webapp.domain.models import LaunchProfile, StorageTarget
 from webapp.domain.models.alerts import AlertChannel
 from webapp.domain.models.projects import Role
-
-# Where a replica is: fixed once copies exist, or they could no longer be found.
-TARGET_FIXED_FIELDS = ("bucket", "prefix", "endpoint_url")
-
-
-def _save_edit(request, form, what: str, type_: str, **data) -> bool:
-    """Save an edit form; False (and a form error) on a duplicate name."""
-    try:
-        with transaction.atomic():
-            obj = form.save()
-    except IntegrityError:
-        form.add_error("name", f"{what} of this project already has this name.")
-        return False
-    changed = ", ".join(form.changed_data) or "nothing"
-    audit(request, type_, f"{what[2:].lower()} {obj.name!r} changed: {changed}", **data)
-    messages.success(request, f"{obj.name} is saved.")
-    return True
-
 
 # --- Storage targets -----------------------------------------------------------------------
 
@@ -59,15 +43,21 @@ def storage_target_edit(request, target_id: int):
     form.fields["enabled"] = StorageTarget._meta.get_field("enabled").formfield()
     form.fields["enabled"].initial = target.enabled
     if replicas:
-        for name in TARGET_FIXED_FIELDS:
+        for name in FIXED_FIELDS:
             form.fields[name].disabled = True
             form.fields[name].help_text = f"Fixed: {replicas} replicas are stored there."
     if request.method == "POST" and form.is_valid():
-        form.instance.enabled = form.cleaned_data["enabled"]
-        if _save_edit(
-            request, form, "A storage target", "storage_target.changed", storage_target=target.pk
-        ):
-            return redirect("dashboard:settings-storage", request.project.slug)
+        # Only what the form changed: fixed fields are disabled and keep their value.
+        changes = {name: form.cleaned_data[name] for name in form.changed_data}
+        done = change(
+            request,
+            lambda caller: actions.update_target(caller, target, **changes),
+            "dashboard:settings-storage",
+            form=form,
+            done=lambda fields: f"{target.name} is saved.",
+        )
+        if done is not None:
+            return done
     return render(
         request,
         "dashboard/settings_edit.html",
@@ -79,24 +69,17 @@ def storage_target_edit(request, target_id: int):
     )  # fmt: skip
 
 
-def _disable_or_delete(request, obj, kind: str, uses: str, kept: str, gone: str) -> None:
-    """One rule for what history refers to: with `uses` (e.g. "3 replicas") the row is
-    kept, disabled, and the page says why; without, it is deleted. Audited either way."""
-    key = kind.replace(" ", "_")
-    if uses:
-        type(obj).objects.filter(pk=obj.pk).update(enabled=False)
-        audit(
-            request,
-            f"{key}.disabled",
-            f"{kind} {obj.name!r} disabled, not deleted: {uses}",
-            **{key: obj.pk},
-        )
-        messages.warning(request, f"{kind.capitalize()} {obj.name} is kept, disabled: {kept}")
-    else:
-        pk = obj.pk
-        obj.delete()
-        audit(request, f"{key}.deleted", f"{kind} {obj.name!r} ({gone}) deleted", **{key: pk})
-        messages.success(request, f"{kind.capitalize()} {obj.name} is deleted.")
+def _delete(request, action, row, kind: str, kept: str, to: str):
+    """Delete `row` through `action`; the action keeps it, disabled, when history refers
+    to it, and the page then says why (`kept`)."""
+
+    def say(outcome: str) -> None:
+        if outcome == "disabled":
+            messages.warning(request, f"{kind.capitalize()} {row.name} is kept, disabled: {kept}")
+        else:
+            messages.success(request, f"{kind.capitalize()} {row.name} is deleted.")
+
+    return change(request, lambda caller: action(caller, row), to, done=say)
 
 
 @require_POST
@@ -104,27 +87,17 @@ def _disable_or_delete(request, obj, kind: str, uses: str, kept: str, gone: str)
 def storage_target_delete(request, target_id: int):
     target = get_object_or_404(StorageTarget, project=request.project, pk=target_id)
     replicas = target.replicas.count()
-    _disable_or_delete(
+    return _delete(
         request,
+        actions.delete_target,
         target,
         "storage target",
-        f"{replicas} replicas on it" if replicas else "",
         f"{replicas} replicas are stored there and stay restorable. Nothing new is copied to it.",
-        f"s3://{target.bucket}/{target.prefix}",
+        "dashboard:settings-storage",
     )
-    return redirect("dashboard:settings-storage", request.project.slug)
 
 
 # --- Launch profiles -----------------------------------------------------------------------
-
-
-def profile_history(profile) -> str:
-    """What refers to the profile, in words; empty when nothing does."""
-    used = profile.resume_set.count()
-    parts = [f"{used} resumes used it"] if used else []
-    if profile.project.auto_resume_profile_id == profile.pk:
-        parts.append("automatic resume uses it (Recovery)")
-    return " and ".join(parts)
 
 
 @require_http_methods(["GET", "POST"])
@@ -132,14 +105,16 @@ def profile_history(profile) -> str:
 def launch_profile_edit(request, profile_id: int):
     profile = get_object_or_404(LaunchProfile, project=request.project, pk=profile_id)
     form = profile_form(request, instance=profile)
-    if (
-        request.method == "POST"
-        and form.is_valid()
-        and _save_edit(
-            request, form, "A launch profile", "launch_profile.changed", launch_profile=profile.pk
+    if request.method == "POST" and form.is_valid():
+        done = change(
+            request,
+            lambda caller: actions.update_profile(caller, profile, **form.cleaned_data),
+            "dashboard:settings-profiles",
+            form=form,
+            done=lambda fields: f"{profile.name} is saved.",
         )
-    ):
-        return redirect("dashboard:settings-profiles", request.project.slug)
+        if done is not None:
+            return done
     return render(
         request,
         "dashboard/settings_edit.html",
@@ -157,23 +132,12 @@ def launch_profile_delete(request, profile_id: int):
     profile = get_object_or_404(
         LaunchProfile.objects.select_related("project"), project=request.project, pk=profile_id
     )
-    history = profile_history(profile)
-    if history:
-        messages.error(
-            request,
-            f"Launch profile {profile.name} is kept: {history}. Their records name it; "
-            "edit it instead.",
-        )
-    else:
-        profile.delete()
-        audit(
-            request,
-            "launch_profile.deleted",
-            f"launch profile {profile.name!r} ({profile.kind}) deleted",
-            launch_profile=profile_id,
-        )
-        messages.success(request, f"Launch profile {profile.name} is deleted.")
-    return redirect("dashboard:settings-profiles", request.project.slug)
+    return change(
+        request,
+        lambda caller: actions.delete_profile(caller, profile),
+        "dashboard:settings-profiles",
+        done=lambda _: f"Launch profile {profile.name} is deleted.",
+    )
 
 
 @require_POST
@@ -207,11 +171,15 @@ def alert_channel_edit(request, channel_id: int):
     channel = get_object_or_404(AlertChannel, project=request.project, pk=channel_id)
     form = AlertChannelForm(request.POST or None, instance=channel)
     if request.method == "POST" and form.is_valid():
-        form.instance.target = form.cleaned_data["target"]
-        if _save_edit(
-            request, form, "An alert channel", "alert_channel.changed", alert_channel=channel.pk
-        ):
-            return redirect("dashboard:settings-alerts", request.project.slug)
+        done = change(
+            request,
+            lambda caller: actions.update_channel(caller, channel, **form.cleaned_data),
+            "dashboard:settings-alerts",
+            form=form,
+            done=lambda fields: f"{channel.name} is saved.",
+        )
+        if done is not None:
+            return done
     sent = channel.notifications.count()
     return render(
         request,
@@ -229,12 +197,11 @@ def alert_channel_edit(request, channel_id: int):
 def alert_channel_delete(request, channel_id: int):
     channel = get_object_or_404(AlertChannel, project=request.project, pk=channel_id)
     sent = channel.notifications.count()
-    _disable_or_delete(
+    return _delete(
         request,
+        actions.delete_channel,
         channel,
         "alert channel",
-        f"{sent} notifications" if sent else "",
         f"{sent} notifications were sent to it and stay in the record. It gets no new ones.",
-        f"{channel.kind} to {channel.shown_target}",
+        "dashboard:settings-alerts",
     )
-    return redirect("dashboard:settings-alerts", request.project.slug)

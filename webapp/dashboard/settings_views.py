@@ -10,15 +10,15 @@ import time
 
 from django import forms
 from django.conf import settings
-from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
 from django.db.models import Count, OuterRef, Subquery
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import actor_of, project_view
+from webapp.dashboard.setting_changes import change
+from webapp.domain import actions
 from webapp.domain.models import ApiToken, Event, LaunchProfile, StorageAudit, StorageTarget
 from webapp.domain.models.projects import Role, Scope
 from webapp.domain.replication import storage_access
@@ -44,8 +44,9 @@ class TokenForm(forms.Form):
 
 
 class StorageTargetForm(forms.ModelForm):
-    """The endpoint and the credentials' name are checked against what the deployment
-    allows this project (webapp.domain.replication.storage_access), here and again on every use."""
+    """The fields as typed; the action checks the endpoint and the credentials' name
+    against what the deployment allows this project (webapp.domain.replication.storage_access),
+    and they are checked again on every use."""
 
     endpoint_url = forms.URLField(
         required=False,
@@ -77,21 +78,8 @@ class StorageTargetForm(forms.ModelForm):
             + ". Empty: the deployment's own keys."
         )
 
-    def clean_endpoint_url(self):
-        url = self.cleaned_data.get("endpoint_url") or ""
-        try:
-            storage_access.check_endpoint(url, saving=True)
-        except storage_access.TargetRefused as exc:
-            raise ValidationError(str(exc)) from None
-        return url
-
-    def clean_credentials_ref(self):
-        ref = (self.cleaned_data.get("credentials_ref") or "").strip()
-        try:
-            storage_access.check_credentials_ref(self.project.slug, ref)
-        except storage_access.TargetRefused as exc:
-            raise ValidationError(str(exc)) from None
-        return ref
+    # The endpoint and the credentials' name are checked by the action
+    # (webapp/domain/actions/storage_targets.py), for this page and the API alike.
 
 
 class LaunchProfileForm(forms.ModelForm):
@@ -134,11 +122,8 @@ class LaunchProfileForm(forms.ModelForm):
             f"{k}={v}" for k, v in (options.get("env") or {}).items()
         )
 
-    def clean_workdir(self):
-        workdir = (self.cleaned_data.get("workdir") or "").strip()
-        if workdir and not workdir.startswith("/"):
-            raise ValidationError("Give an absolute path, like /scratch/alice/project.")
-        return workdir
+    # The workdir is checked by the action (webapp/domain/actions/launch_profiles.py);
+    # the env text is read here, line by line, so a refusal can name its line.
 
     def clean_env(self):
         from webapp.domain.launch.job_env import _NAME, refusal
@@ -159,16 +144,6 @@ class LaunchProfileForm(forms.ModelForm):
                 raise ValidationError(f"Line {number}: {why}.")
             env[name] = value
         return env
-
-    def save(self, commit=True):
-        options = dict(self.instance.options or {})
-        for key in ("workdir", "env"):
-            if self.cleaned_data.get(key):
-                options[key] = self.cleaned_data[key]
-            else:
-                options.pop(key, None)
-        self.instance.options = options
-        return super().save(commit=commit)
 
 
 # What the preview puts in each placeholder's variable: plausible, not real.
@@ -220,29 +195,21 @@ def tokens(request):
     without the secret and creates nothing."""
     form = TokenForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
-        try:
-            with transaction.atomic():
-                token, secret = request.project.issue_token(
-                    form.cleaned_data["name"], form.cleaned_data["scopes"], created_by=request.user
-                )
-        except IntegrityError:
-            form.add_error(
-                "name", "A token in use already has this name: choose another or revoke it."
-            )
-        else:
-            audit(
-                request,
-                "token.created",
-                f"token {token.name!r} ({token.prefix}…) created with {', '.join(token.scopes)}",
-                token=token.pk,
+
+        def issue(caller):
+            issued = actions.create_token(
+                caller, form.cleaned_data["name"], form.cleaned_data["scopes"]
             )
             request.session[NEW_TOKEN_KEY] = {
                 "project": request.project.pk,
-                "token": token.pk,
-                "secret": secret,
+                "token": issued.token.pk,
+                "secret": issued.secret,
                 "until": time.time() + NEW_TOKEN_SHOWN_FOR_S,
             }
-            return redirect("dashboard:settings-tokens", request.project.slug)
+
+        done = change(request, issue, "dashboard:settings-tokens", form=form)
+        if done is not None:
+            return done
     created = None
     shown = request.session.pop(NEW_TOKEN_KEY, None) if request.method == "GET" else None
     if shown and shown.get("project") == request.project.pk and shown.get("until", 0) > time.time():
@@ -265,29 +232,14 @@ def tokens(request):
 @project_view(Role.ADMIN)
 def token_revoke(request, token_id: int):
     token = get_object_or_404(ApiToken, project=request.project, pk=token_id)
-    if token.revoke():
-        audit(
-            request,
-            "token.revoked",
-            f"token {token.name!r} ({token.prefix}…) revoked",
-            token=token.pk,
-        )
-        messages.success(request, f"Token {token.name} is revoked; requests with it now get 401.")
-    return redirect("dashboard:settings-tokens", request.project.slug)
-
-
-def _create_in_project(request, form, what: str):
-    """Save a valid model form's object in this project; None (and a form error) when the
-    project already has one of that name (the unique constraint, not a racy lookup)."""
-    obj = form.save(commit=False)
-    obj.project = request.project
-    try:
-        with transaction.atomic():
-            obj.save()
-    except IntegrityError:
-        form.add_error("name", f"{what} of this project already has this name.")
-        return None
-    return obj
+    return change(
+        request,
+        lambda caller: actions.revoke_token(caller, token),
+        "dashboard:settings-tokens",
+        done=lambda revoked: (
+            f"Token {token.name} is revoked; requests with it now get 401." if revoked else None
+        ),
+    )
 
 
 @require_http_methods(["GET", "POST"])
@@ -295,16 +247,15 @@ def _create_in_project(request, form, what: str):
 def storage_targets(request):
     form = StorageTargetForm(request.POST or None, project=request.project)
     if request.method == "POST" and form.is_valid():
-        target = _create_in_project(request, form, "A storage target")
-        if target is not None:
-            audit(
-                request,
-                "storage_target.created",
-                f"storage target {target.name!r} (s3://{target.bucket}/{target.prefix}) created",
-                storage_target=target.pk,
-            )
-            messages.success(request, f"Storage target {target.name} is added.")
-            return redirect("dashboard:settings-storage", request.project.slug)
+        done = change(
+            request,
+            lambda caller: actions.create_target(caller, **form.cleaned_data),
+            "dashboard:settings-storage",
+            form=form,
+            done=lambda target: f"Storage target {target.name} is added.",
+        )
+        if done is not None:
+            return done
     newest_audit = StorageAudit.objects.filter(target=OuterRef("pk")).order_by("-started_at")
     targets = list(
         request.project.storage_targets.annotate(
@@ -329,16 +280,15 @@ def storage_targets(request):
 def launch_profiles(request):
     form = profile_form(request)
     if request.method == "POST" and form.is_valid():
-        profile = _create_in_project(request, form, "A launch profile")
-        if profile is not None:
-            audit(
-                request,
-                "launch_profile.created",
-                f"launch profile {profile.name!r} ({profile.kind}) created",
-                launch_profile=profile.pk,
-            )
-            messages.success(request, f"Launch profile {profile.name} is added.")
-            return redirect("dashboard:settings-profiles", request.project.slug)
+        done = change(
+            request,
+            lambda caller: actions.create_profile(caller, **form.cleaned_data),
+            "dashboard:settings-profiles",
+            form=form,
+            done=lambda profile: f"Launch profile {profile.name} is added.",
+        )
+        if done is not None:
+            return done
     profiles = list(request.project.launch_profiles.annotate(used=Count("resume")).order_by("name"))
     for profile in profiles:
         # A profile saved before templates were checked: say so, it will not launch.

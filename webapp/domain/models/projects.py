@@ -37,6 +37,9 @@ class Scope(models.TextChoices):
     INGEST = "ingest", "Ingest (send events)"
     READ = "read", "Read runs and checkpoints"
     OPERATE = "operate", "Operate (validate, pin, replicate, resume)"
+    # A project admin's powers through the API (webapp/api/settings_*.py): tokens, storage
+    # targets, launch profiles, alert channels, members. Only an admin can issue one.
+    ADMIN = "admin", "Admin (tokens, storage, launch profiles, alerts, members)"
 
 
 def validate_allowed_roots(value: object) -> None:
