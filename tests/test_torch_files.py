@@ -9,8 +9,9 @@ import zipfile
 import pytest
 import torch
 
+from webapp.domain import formats
 from webapp.domain.recovery import restore_load
-from webapp.domain.validation import inspect_child, torch_files
+from webapp.domain.validation import torch_files
 
 
 def _state():
@@ -61,7 +62,10 @@ def test_the_bytes_decide_and_the_name_promises(files, name):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_inspector_and_the_detector_agree(files, name):
     head = (files / name).read_bytes()[: torch_files.HEAD_BYTES]
-    assert inspect_child.is_torch_candidate(name, head) == torch_files.candidate(name, head)
+    claimant = next(f for f in formats.FORMATS if f.name == "torch")
+    assert (claimant.claims(name, head), claimant.promised(name)) == torch_files.candidate(
+        name, head
+    )
 
 
 def test_the_restore_loader_loads_what_the_bytes_call_torch_and_skips_the_rest(files):

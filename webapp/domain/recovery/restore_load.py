@@ -8,8 +8,10 @@ on stdin and writes one JSON object on stdout:
      "peak_device_bytes": int | None, "loaded": [files], "skipped": [files],
      "error": str | None}
 
-Torch files are read with torch.load(weights_only=True): nothing is ever unpickled with
-arbitrary globals. Safetensors files with safetensors. Every tensor then goes to the
+Each file is loaded by the first checkpoint format (webapp/domain/formats) that loads it,
+a format's folders (DCP's) by that format: torch files with
+torch.load(weights_only=True), so nothing is ever unpickled with arbitrary globals;
+safetensors files with safetensors. Every tensor then goes to the
 device (the GPU when there is one), synchronised, so `to_device_s` is the real
 host-to-device time. This module imports torch, never Django.
 
@@ -20,15 +22,13 @@ same limits a fresh child gets, so a restore test does not pay for `import torch
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import resource
 import sys
 import time
-import zipfile
 
-from webapp.domain.validation.torch_files import is_torch_file
+from webapp.domain import formats
 
 
 def _tensors(obj, out: list) -> None:
@@ -42,58 +42,6 @@ def _tensors(obj, out: list) -> None:
     elif isinstance(obj, list | tuple):
         for value in obj:
             _tensors(value, out)
-
-
-def _name(rel: str) -> str:
-    return rel.rsplit("/", 1)[-1]
-
-
-def _parent(rel: str) -> str:
-    return rel.rsplit("/", 1)[0] if "/" in rel else ""
-
-
-def _load_dcp(base: str, root: str, files: set[str], result: dict, device, use_cuda: bool) -> float:
-    """A DCP folder, chunk by chunk: a .distcp shard is a run of torch.save archives, one
-    per chunk, that torch.load cannot read whole. Its .metadata goes through validation's
-    restricted unpickler and each chunk through the same reader validation scans with
-    (inspect_dcp), one shard mapped at a time. Returns the seconds spent moving tensors
-    to the device; raises RuntimeError for a chunk that does not load."""
-    import torch
-
-    from webapp.domain.validation.inspect_common import Report, join
-    from webapp.domain.validation.inspect_dcp import (
-        check_dcp_shards,
-        dcp_chunks,
-        read_dcp_metadata,
-    )
-
-    report = Report()
-    meta_rel = join(root, ".metadata")
-    metadata = read_dcp_metadata(os.path.join(base, meta_rel), meta_rel, report)
-    # Its shards named inside the folder, present and long enough (a copy of a verified
-    # checkpoint always passes; a .metadata naming "../x" is never followed).
-    if metadata is None or not check_dcp_shards(base, root, metadata, files, report):
-        raise RuntimeError(report.findings[0]["message"] if report.findings else meta_rel)
-    moving, loaded = 0.0, set()
-    with contextlib.closing(dcp_chunks(base, root, metadata, report)) as chunks:
-        for _, info, tensor in chunks:
-            if tensor is None:
-                if report.findings:  # it does not load: say why
-                    raise RuntimeError(report.findings[0]["message"])
-                continue  # a transformed (compressed) chunk: not read here
-            loaded.add(join(root, info.relative_path))
-            result["tensors"] += 1
-            result["bytes"] += tensor.numel() * tensor.element_size()
-            started = time.perf_counter()
-            if use_cuda:
-                tensor.to(device, non_blocking=True)
-                torch.cuda.synchronize()
-            elif tensor.numel() and tensor.is_floating_point():
-                tensor.sum()  # every byte read, as for the other formats
-            moving += time.perf_counter() - started
-            del tensor
-    result["loaded"] += [meta_rel, *sorted(loaded)]
-    return moving
 
 
 def load(request: dict) -> dict:
@@ -124,30 +72,24 @@ def load(request: dict) -> dict:
         # Shard by shard: a file's tensors are loaded (torch files memory-mapped), moved
         # to the device, counted and dropped before the next file, so a sharded
         # checkpoint restores within the child's memory limit whatever its total size.
-        dcp_roots = {_parent(rel) for rel in request["files"] if _name(rel) == ".metadata"}
-        for root in sorted(dcp_roots):
-            to_device += _load_dcp(
-                request["base"], root, set(request["files"]), result, device, use_cuda
-            )
-        for rel in request["files"]:
-            full = os.path.join(request["base"], rel)
-            tensors: list = []
-            if _parent(rel) in dcp_roots and (_name(rel) == ".metadata" or rel.endswith(".distcp")):
-                continue  # loaded above, chunk by chunk
-            if rel.endswith(".safetensors"):
-                from safetensors.torch import load_file
-
-                _tensors(load_file(full, device="cpu"), tensors)
-            elif is_torch_file(full):  # by its bytes, whatever its name (torch_files.py)
-                # Memory-mapped where the format allows (zip, torch >= 1.6); a legacy
-                # pickle-stream file can only be read whole.
-                mmap = zipfile.is_zipfile(full)
-                _tensors(
-                    torch.load(full, map_location="cpu", weights_only=True, mmap=mmap), tensors
+        # A format's folders (DCP's) first, each loaded by its format chunk by chunk.
+        files, in_folders = request["files"], set()
+        for fmt in formats.FORMATS:
+            for root in fmt.folders(files):
+                to_device += fmt.load_folder(
+                    request["base"], root, set(files), result, device, use_cuda
                 )
-            else:
+            in_folders |= fmt.folder_files(files)
+        for rel in files:
+            if rel in in_folders:
+                continue  # loaded above, with its folder
+            full = os.path.join(request["base"], rel)
+            loader = next((f for f in formats.FORMATS if f.loads(rel, full)), None)
+            if loader is None:
                 result["skipped"].append(rel)
                 continue
+            tensors: list = []
+            _tensors(loader.load_file(full), tensors)
             result["loaded"].append(rel)
             result["tensors"] += len(tensors)
             result["bytes"] += sum(t.numel() * t.element_size() for t in tensors)

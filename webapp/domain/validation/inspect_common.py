@@ -20,7 +20,6 @@ import torch
 from webapp.domain.validation import torch_files
 from webapp.domain.validation.content_findings import AllZero, NonFinite, value_findings
 from webapp.domain.validation.content_findings import plural as plural
-from webapp.domain.validation.formats import format_differs, strongest_format
 from webapp.domain.validation.tensor_places import BOOKKEEPING, MODEL
 
 # Must match inspector.EXIT_OUT_OF_MEMORY (a test checks that they agree).
@@ -74,11 +73,12 @@ class Report:
         self.dtypes[dtype] += 1
         self.keys[name] = [dtype, shape]
 
-    def as_dict(self, format_hint: str, raw_values: bool = False) -> dict:
-        """The result. With `raw_values` (one part of a checkpoint checked in parts) the
-        NaN/Inf and all-zero tensors are listed under "values" for the parent to
-        summarise over all parts (inspector.merge_parts), not summarised here."""
-        detected = self._format()
+    def as_dict(self, detected: str, raw_values: bool = False) -> dict:
+        """The result, for a checkpoint whose format is `detected` (the strongest of
+        `formats`: webapp/domain/formats). With `raw_values` (one part of a checkpoint
+        checked in parts) the NaN/Inf and all-zero tensors are listed under "values" for
+        the parent to summarise over all parts (inspect_parts.merge_parts), not
+        summarised here."""
         if raw_values:
             values = {
                 "nonfinite": [asdict(v) for v in self.nonfinite],
@@ -88,7 +88,6 @@ class Report:
         else:
             self._summarise_content()
             values = None
-            self.findings.extend(format_differs(format_hint, detected))
         return {
             "format": detected,
             "tensors": self.tensors,
@@ -99,9 +98,6 @@ class Report:
             "timings": {"load_s": round(self.load_s, 6), "scan_s": round(self.scan_s, 6)},
             **({"values": values} if values is not None else {}),
         }
-
-    def _format(self) -> str:
-        return strongest_format(self.formats)
 
     def _summarise_content(self) -> None:
         """NaN/Inf and all-zero findings, by where each value lives (content_findings)."""

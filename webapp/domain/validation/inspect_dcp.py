@@ -139,7 +139,6 @@ def inspect_dcp(
     Its metadata checked, its shards present and long enough, its tensors counted, and
     the chunks stored in the shards `scan` (paths relative to base; all when None)
     scanned."""
-    report.formats.add("dcp")
     meta_rel = join(root, ".metadata")
     started = time.perf_counter()
     metadata = read_dcp_metadata(os.path.join(base, meta_rel), meta_rel, report)
@@ -158,7 +157,6 @@ def scan_dcp_part(base: str, root: str, files: set[str], report: Report, scan: s
     shard). The metadata and the shards are checked here too before the scan, and what
     is wrong is said here as well: never a scan skipped in silence. The part holding the
     metadata finds the same, and inspect_parts.merge_parts keeps one of each finding."""
-    report.formats.add("dcp")
     meta_rel = join(root, ".metadata")
     started = time.perf_counter()
     metadata = read_dcp_metadata(os.path.join(base, meta_rel), meta_rel, report)

@@ -24,7 +24,6 @@ def is_hf_index(path: str) -> bool:
 
 
 def inspect_hf_json(base: str, rel: str, files: set[str], report: Report) -> None:
-    report.formats.add("hf-trainer")
     try:
         with open(os.path.join(base, rel), encoding="utf-8") as f:
             content = json.load(f)

@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 # By the module, not the name: a test replaces inspector.inspect_checkpoint.
 import webapp.domain.validation.inspector as inspector
+from webapp.domain.formats import format_differs, strongest_format
 from webapp.domain.validation.content_findings import AllZero, NonFinite, value_findings
-from webapp.domain.validation.formats import format_differs, strongest_format
 
 
 def split(files: list[str], sizes: dict[str, int], parts: int) -> list[list[str]]:

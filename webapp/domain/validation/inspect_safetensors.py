@@ -165,7 +165,6 @@ def _check_layout(entries: list[SafetensorsEntry], data_size: int) -> None:
 
 
 def inspect_safetensors_file(full: str, rel: str, size: int, report: Report) -> None:
-    report.formats.add("safetensors")
     started = time.perf_counter()
     try:
         data_start, entries = read_safetensors_header(full, size)

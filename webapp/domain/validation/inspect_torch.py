@@ -8,10 +8,10 @@ import pickle
 import re
 import time
 import zipfile
+from collections.abc import Callable
 
 import torch
 
-from webapp.domain.validation import torch_files
 from webapp.domain.validation.checkpoint_walk import walk
 from webapp.domain.validation.content_findings import plural as plural
 from webapp.domain.validation.inspect_common import (
@@ -23,7 +23,6 @@ from webapp.domain.validation.inspect_common import (
     pickle_globals,
     raise_if_out_of_memory,
 )
-from webapp.domain.validation.inspect_deepspeed import note_model_states
 from webapp.domain.validation.pickle_policy import numpy_data_objects, split_globals
 
 # --------------------------------------------------------------------------- torch files
@@ -56,11 +55,6 @@ class DictPlaceholder(Placeholder):
 
 def placeholders_for(names: list[str], kind: type[Placeholder]) -> list[tuple[type, str]]:
     return [(type(kind.__name__, (kind,), {"global_name": n}), n) for n in names]
-
-
-def is_torch_candidate(path: str, head: bytes) -> tuple[bool, bool]:
-    """(looks like a torch file, claimed to be one by its name): torch_files' one rule."""
-    return torch_files.candidate(path, head)
 
 
 def check_zip_directory(full: str, rel: str, size: int, report: Report) -> bool:
@@ -161,8 +155,11 @@ def load_torch(full: str, is_zip: bool, safe_globals: list | None = None):
         return torch.load(full, **kwargs)
 
 
-def inspect_torch_file(full: str, rel: str, size: int, head: bytes, report: Report) -> None:
-    report.formats.add("torch")
+def inspect_torch_file(
+    full: str, rel: str, size: int, head: bytes, report: Report, *, observe: Callable
+) -> None:
+    """Checks one torch.save file; `observe(rel, obj)` is shown the object it loaded to
+    (webapp/domain/formats: Lightning and DeepSpeed are told apart by its contents)."""
     is_zip = head.startswith(ZIP_MAGIC)
     if is_zip:
         if not check_zip_directory(full, rel, size, report):
@@ -200,9 +197,7 @@ def inspect_torch_file(full: str, rel: str, size: int, head: bytes, report: Repo
         return
     else:
         report.load_s += time.perf_counter() - started
-    if is_lightning(obj):
-        report.formats.add("lightning")
-    note_model_states(rel, obj, report)
+    observe(rel, obj)
     scanner = Scanner(report)
     for found in walk(obj, rel):
         scanner.tensor(found.name, found.tensor, found.role)
@@ -241,11 +236,3 @@ def load_around_unsafe_globals(full: str, rel: str, is_zip: bool, names: list[st
         rel,
     )
     return obj
-
-
-def is_lightning(obj) -> bool:
-    return (
-        isinstance(obj, dict)
-        and isinstance(obj.get("state_dict"), dict)
-        and ("global_step" in obj or "epoch" in obj)
-    )

@@ -12,8 +12,8 @@ default; each pays for `import torch`, about 2 s on a small machine), or warm
 warm where checks are frequent (a validate worker, the benchmark);
 `start_warm_inspector()` starts the helper ahead of the first check. The sandbox's names
 (WarmHelper, serve_forked, run_fresh_child, apply_limits, child_env) are importable from
-here too. What the child checks per format lives in inspect_torch, inspect_safetensors,
-inspect_dcp, inspect_hf and inspect_deepspeed; inspect_child dispatches.
+here too. What the child checks per format is the formats' (webapp/domain/formats, one
+module per format); inspect_child hands each file to the format that claims it.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ MEMORY_SIGNS = (
     "can't allocate memory",
 )
 
-FORMATS = ("torch", "lightning", "safetensors", "dcp", "hf-trainer", "unknown")
 SEVERITIES = ("corrupt", "suspicious", "info", "error")
 
 
@@ -72,7 +71,7 @@ def inspect_checkpoint(
     base) of all its files, whose sizes and hashes were checked before; `single_file` says
     the checkpoint is the one file in `files`. Returns
 
-        {"format": "torch" | "lightning" | "safetensors" | "dcp" | "hf-trainer" | "unknown",
+        {"format": a format's name (webapp.domain.formats.names()) | "unknown",
          "tensors": int, "parameters": int, "dtypes": {"float32": count, ...},
          "keys": {"<file>:<dotted.key>": [dtype, [shape...]], ...},
          "findings": [{"severity": "corrupt" | "suspicious" | "info" | "error",
