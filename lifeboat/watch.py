@@ -8,6 +8,8 @@ It polls DIR and reports every complete checkpoint once:
   coordinator writes it last), and any directory with a completion marker (`COMPLETE`,
   `.complete`, `_SUCCESS`).
 
+Each format's rules are one entry of lifeboat/formats.py's table; this module reads it.
+
 "Complete" also means quiet: nothing in it changed size or mtime for `settle` seconds,
 so a checkpoint still being written is never reported half-way. Temporary names
 (hidden files, `*.tmp`, `*.part`, `*.partial`, `*~`) are never reported: a job that
@@ -39,13 +41,12 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from lifeboat import formats
 from lifeboat.parts import Part, files_by_rank, part_host, rank_of_name
 from lifeboat.run import Run
 
 log = logging.getLogger("lifeboat")
 
-FILE_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors")
-MARKERS = ("COMPLETE", ".complete", "_SUCCESS")
 TEMPORARY = re.compile(r"(^\.|\.tmp$|\.temp$|\.part$|\.partial$|~$|\.lifeboat-)")
 STEP_PATTERNS = [
     re.compile(r"(?:^|[^a-z])step[=_-]?(\d+)", re.I),
@@ -60,8 +61,10 @@ NAMESPACE = uuid.UUID("5b0e3c1e-8f3a-4a52-9a55-2f6c1d7e0b11")
 @dataclass
 class Candidate:
     path: Path
-    kind: str  # torch | lightning | safetensors | hf | dcp | directory
+    kind: str  # the format hint it is reported with: a format's (formats.py) or "directory"
     complete_hint: bool  # a marker says the writer is done
+    # Reported only once complete_hint (formats.Format.needs_complete), unless in parts.
+    needs_complete: bool = False
 
 
 def step_of(name: str, pattern: re.Pattern | None = None) -> int | None:
@@ -83,25 +86,20 @@ def epoch_of(name: str) -> int | None:
 def _kind_of_file(name: str) -> str | None:
     if TEMPORARY.search(name):
         return None
-    if name.endswith(".ckpt"):
-        return "lightning"
-    if name.endswith(".safetensors"):
-        return "safetensors"
-    if name.endswith((".pt", ".pth")):
-        return "torch"
-    return None
+    found = formats.file_format(name)
+    return found.hint if found else None
 
 
 def _directory_kind(path: Path, names: list[str]) -> Candidate | None:
     if TEMPORARY.search(path.name):
         return None
-    marker = any(m in names for m in MARKERS)
-    if ".metadata" in names:
-        return Candidate(path, "dcp", True)
-    if re.fullmatch(r"checkpoint-\d+", path.name):
-        return Candidate(path, "hf", marker or "trainer_state.json" in names)
+    marker = any(m in names for m in formats.MARKERS)
+    found = formats.folder_format(path.name, names)
+    if found is not None:
+        complete = marker or any(n in names for n in found.complete_with)
+        return Candidate(path, found.hint, complete, found.needs_complete)
     if marker:
-        return Candidate(path, "directory", True)
+        return Candidate(path, formats.DIRECTORY, True)
     return None
 
 
@@ -213,9 +211,10 @@ class Watcher:
                 # The writer said it is done; one unchanged look more is enough.
                 ready = quiet or first_seen < now
             else:
-                # An HF folder is done once trainer_state.json is there; with parts, on
-                # a node other than rank 0's it never is, and quiet is all there is.
-                ready = quiet and (candidate.kind != "hf" or bool(self.world_size))
+                # An HF folder is done once trainer_state.json is there (complete_hint);
+                # with parts, on a node other than rank 0's it never is, and quiet is all
+                # there is.
+                ready = quiet and (not candidate.needs_complete or bool(self.world_size))
             if not ready:
                 continue
             step = step_of(candidate.path.name, self.step_pattern)
