@@ -424,3 +424,16 @@ def test_a_token_made_on_the_page_and_through_the_api_audits_alike():
         page_token.prefix, "<p>"
     )
     assert sorted(api_event.data) == sorted(page_event.data) == ["token"]
+
+
+@pytest.mark.parametrize("body", ["null", "{}"])
+def test_a_change_that_sends_nothing_is_refused_not_answered_as_done(project, boss, body):
+    target = StorageTarget.objects.create(project=project, name="s", bucket="b")
+    response = boss.client.patch(
+        f"/api/v1/settings/storage-targets/{target.pk}",
+        data=body,
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {boss.secret}",
+    )
+    assert response.status_code == 400 and "at least one field" in error_of(response)
+    assert not Event.objects.exists()

@@ -14,7 +14,7 @@ from pydantic import Field
 from webapp.api.auth import admin_auth
 from webapp.api.errors import ErrorOut
 from webapp.api.params import BodyIn, Name
-from webapp.api.settings_common import SettingId, Text, carry_out, in_project
+from webapp.api.settings_common import ChangeIn, SettingId, Text, carry_out, in_project
 from webapp.domain import actions
 from webapp.domain.models import ApiToken, Membership
 from webapp.domain.models.projects import Role, Scope
@@ -99,7 +99,7 @@ class MemberIn(BodyIn):
     role: Literal[tuple(Role.values)] = "viewer"
 
 
-class RoleIn(BodyIn):
+class RoleIn(ChangeIn):
     role: Literal[tuple(Role.values)]
 
 

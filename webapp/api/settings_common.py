@@ -12,10 +12,10 @@ from collections.abc import Callable
 from typing import Annotated, TypeVar
 
 from ninja import Path
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from webapp.api.errors import ApiError
-from webapp.api.params import NO_NUL
+from webapp.api.params import NO_NUL, BodyIn
 from webapp.domain import actions
 from webapp.domain.ingest.event_schema import INT64_MAX
 
@@ -28,6 +28,22 @@ SettingId = Annotated[int, Path(ge=1, le=INT64_MAX)]
 def Text(max_length: int, min_length: int = 0):  # noqa: N802 (a type, spelled as one)
     """A string of at most `max_length` characters (the model field's), without NUL."""
     return Annotated[str, Field(min_length=min_length, max_length=max_length, pattern=NO_NUL)]
+
+
+class ChangeIn(BodyIn):
+    """A change (PATCH): only the fields sent change, and at least one is sent (sent()
+    refuses `null` and `{}`, which would change nothing, rather than answer a success)."""
+
+    model_config = ConfigDict(strict=True, json_schema_extra={"minProperties": 1})
+
+
+def sent(body: BodyIn | None) -> dict:
+    """The fields the body sent. A change must send one: ninja reads `null` and `{}` as
+    a body of defaults, which would answer a change that changed nothing."""
+    fields = body.model_dump(exclude_unset=True) if body is not None else {}
+    if not fields:  # a creation always sends its required fields
+        raise ApiError(400, "body: send at least one field to change")
+    return fields
 
 
 def caller(request) -> actions.Caller:

@@ -19,8 +19,8 @@ from pydantic import Field
 
 from webapp.api.auth import admin_auth
 from webapp.api.errors import ErrorOut
-from webapp.api.params import BodyIn, Name
-from webapp.api.settings_common import SettingId, Text, carry_out, in_project
+from webapp.api.params import Name
+from webapp.api.settings_common import ChangeIn, SettingId, Text, carry_out, in_project, sent
 from webapp.domain import actions, channels
 from webapp.domain.models import LaunchProfile, StorageTarget
 from webapp.domain.models.alerts import AlertChannel, AlertKind
@@ -33,10 +33,6 @@ class DeletedOut(Schema):
     id: int
     # "deleted", or "disabled": kept because history refers to it.
     outcome: Literal["deleted", "disabled"]
-
-
-def _sent(body: BodyIn) -> dict:
-    return body.model_dump(exclude_unset=True)
 
 
 # --- Storage targets -----------------------------------------------------------------------
@@ -60,7 +56,7 @@ class TargetOut(Schema):
     created_at: datetime
 
 
-class TargetChangeIn(BodyIn):
+class TargetChangeIn(ChangeIn):
     """Every field of a storage target; a change sends only those it changes."""
 
     name: Name = None
@@ -94,7 +90,7 @@ def create_target(request, body: TargetIn):
     """Add a storage target. The endpoint must be one the deployment's outbound policy
     allows (no private, loopback or link-local address unless LIFEBOAT_OUTBOUND_ALLOW
     names it), the credentials a name granted to the project (S3_CREDENTIALS_REFS)."""
-    return Status(201, carry_out(request, lambda c: actions.create_target(c, **_sent(body))))
+    return Status(201, carry_out(request, lambda c: actions.create_target(c, **sent(body))))
 
 
 @router.patch(
@@ -106,7 +102,7 @@ def update_target(request, target_id: SettingId, body: TargetChangeIn):
     """Change the fields sent. Bucket, prefix and endpoint are fixed once replicas are
     stored there (409)."""
     target = in_project(request, StorageTarget, target_id, "storage target")
-    carry_out(request, lambda c: actions.update_target(c, target, **_sent(body)))
+    carry_out(request, lambda c: actions.update_target(c, target, **sent(body)))
     return target
 
 
@@ -146,7 +142,7 @@ def _profile(profile: LaunchProfile) -> dict:
 EnvName = Text(100, 1)
 
 
-class ProfileChangeIn(BodyIn):
+class ProfileChangeIn(ChangeIn):
     name: Name = None
     kind: Literal[tuple(LaunchKind.values)] = None
     host: Text(255) = None
@@ -174,7 +170,7 @@ def list_profiles(request):
 )
 def create_profile(request, body: ProfileIn):
     """Add a launch profile: how a resumed job is started (a local process or sbatch)."""
-    fields = _sent(body)
+    fields = sent(body)
     profile = carry_out(request, lambda c: actions.create_profile(c, **fields))
     return Status(201, _profile(profile))
 
@@ -186,7 +182,7 @@ def create_profile(request, body: ProfileIn):
 )
 def update_profile(request, profile_id: SettingId, body: ProfileChangeIn):
     profile = in_project(request, LaunchProfile, profile_id, "launch profile")
-    fields = _sent(body)
+    fields = sent(body)
     carry_out(request, lambda c: actions.update_profile(c, profile, **fields))
     return _profile(profile)
 
@@ -229,7 +225,7 @@ def _channel(channel: AlertChannel) -> dict:
     }  # fmt: skip
 
 
-class ChannelChangeIn(BodyIn):
+class ChannelChangeIn(ChangeIn):
     name: Name = None
     kind: Literal[tuple(channels.KINDS)] = None
     # What the kind sends to: a URL for webhook, json and slack (checked against the
@@ -255,7 +251,7 @@ def list_channels(request):
 def create_channel(request, body: ChannelIn):
     """Add an alert channel; its target is checked by its kind (a URL against the
     deployment's outbound policy). Enabled from the start."""
-    fields = _sent(body)
+    fields = sent(body)
     enabled = fields.pop("enabled", True)
     channel = carry_out(request, lambda c: actions.create_channel(c, **fields))
     if not enabled:
@@ -270,7 +266,7 @@ def create_channel(request, body: ChannelIn):
 )
 def update_channel(request, channel_id: SettingId, body: ChannelChangeIn):
     channel = in_project(request, AlertChannel, channel_id, "alert channel")
-    carry_out(request, lambda c: actions.update_channel(c, channel, **_sent(body)))
+    carry_out(request, lambda c: actions.update_channel(c, channel, **sent(body)))
     return _channel(channel)
 
 
