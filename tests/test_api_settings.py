@@ -134,6 +134,9 @@ ROUTES = [
     ("post", "/members", {"username": "ada", "role": "viewer"}),
     ("patch", "/members/1", {"role": "viewer"}),
     ("delete", "/members/1", None),
+    ("get", "/recovery", None),
+    ("patch", "/recovery", {"max_restarts": 1}),
+    ("post", "/badge-key", None),
 ]
 
 
@@ -437,3 +440,73 @@ def test_a_change_that_sends_nothing_is_refused_not_answered_as_done(project, bo
     )
     assert response.status_code == 400 and "at least one field" in error_of(response)
     assert not Event.objects.exists()
+
+
+# --- Recovery and the badge key -------------------------------------------------------------
+
+
+def test_an_admin_token_changes_recovery_and_each_change_is_audited(project, boss):
+    profile = LaunchProfile.objects.create(project=project, name="local", command_template="true")
+    checks = {"forward": "examples.digits_checks:forward", "reshard": [2, 4]}
+    changed = boss.patch(
+        "/recovery",
+        {"auto_resume_profile": "local", "max_restarts": 2, "restore_checks": checks},
+    )
+    assert changed.status_code == 200, changed.content
+    assert changed.json()["auto_resume_profile"] == "local"
+    assert changed.json()["restore_checks"] == checks
+    project.refresh_from_db()
+    assert project.auto_resume_profile == profile and project.max_restarts == 2
+    assert [(t, a) for t, a, _ in audit_lines(project)] == [
+        ("project.auto_resume_profile_changed", "token:boss"),
+        ("project.max_restarts_changed", "token:boss"),
+        ("project.restore_checks_changed", "token:boss"),
+    ]
+    again = boss.patch("/recovery", {"max_restarts": 2})
+    assert again.status_code == 200 and Event.objects.count() == 3
+    assert boss.get("/recovery").json()["max_restarts"] == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"restore_checks": {"file": "../../etc/passwd"}}, "restore_checks"),
+        ({"restore_checks": {"forward": "os.system('x')"}}, "restore_checks"),
+        ({"restore_checks": {"nope": 1}}, "restore_checks"),
+        ({"auto_resume_profile": "not-ours"}, "auto_resume_profile"),
+        ({"max_restarts": 101}, "max_restarts"),
+    ],
+)
+def test_hostile_recovery_values_are_refused(project, boss, body, field):
+    refused = boss.patch("/recovery", body)
+    assert refused.status_code == 400 and error_of(refused).startswith(f"body.{field}"), (
+        refused.json()
+    )
+    assert not Event.objects.exists()
+
+
+def test_the_badge_key_is_regenerated_as_on_the_badges_page(project, boss):
+    old = project.badge_key
+    answer = boss.post("/badge-key", None)
+    project.refresh_from_db()
+    assert answer.status_code == 200 and answer.json()["badge_key"] == project.badge_key != old
+    assert audit_lines(project) == [
+        ("badges.key_regenerated", "token:boss", "Badge URLs regenerated; the old ones answer 404.")
+    ]
+
+
+def test_a_recovery_change_audits_alike_on_the_page_and_through_the_api():
+    rows = {}
+    for slug in ("via-api", "via-page"):
+        project = Project.objects.create(name=slug, slug=slug)
+        LaunchProfile.objects.create(project=project, name="local", command_template="true")
+        rows[slug] = project
+    Admin(rows["via-api"]).patch("/recovery", {"auto_resume_profile": "local", "max_restarts": 2})
+    profile = LaunchProfile.objects.get(project=rows["via-page"])
+    as_user(member(rows["via-page"], "ada", "admin")).post(
+        "/p/via-page/settings/recovery/", {"auto_resume_profile": profile.pk, "max_restarts": 2}
+    )
+    _same_audit(rows["via-api"], rows["via-page"])
+    api_data = [e.data for e in Event.objects.filter(project=rows["via-api"]).order_by("pk")]
+    page_data = [e.data for e in Event.objects.filter(project=rows["via-page"]).order_by("pk")]
+    assert api_data == page_data

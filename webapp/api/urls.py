@@ -10,6 +10,7 @@ from webapp.api import (
     reads,
     settings_access,
     settings_places,
+    settings_project,
     storage,
 )
 from webapp.api.documented_errors import declare_errors
@@ -50,3 +51,4 @@ api.add_router("/", cluster_reads.router)
 api.add_router("/", storage.router)
 api.add_router("/", settings_access.router)
 api.add_router("/", settings_places.router)
+api.add_router("/", settings_project.router)

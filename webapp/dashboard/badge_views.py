@@ -7,13 +7,13 @@ from __future__ import annotations
 import hmac
 
 from django.conf import settings
-from django.contrib import messages
 from django.http import Http404, JsonResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import render
 from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_GET, require_POST
 
 from webapp.dashboard.access import project_view
+from webapp.domain import actions
 from webapp.domain.health import badges
 from webapp.domain.models import Project, Run
 from webapp.domain.models.projects import Role
@@ -118,9 +118,11 @@ def badges_page(request):
 @require_POST
 @project_view(Role.ADMIN)
 def badges_regenerate(request):
-    from webapp.dashboard.settings_views import audit
+    from webapp.dashboard.setting_changes import change
 
-    request.project.regenerate_badge_key()
-    audit(request, "badges.key_regenerated", "Badge URLs regenerated; the old ones answer 404.")
-    messages.success(request, "New badge URLs: the old ones no longer answer.")
-    return redirect("dashboard:badges", request.project.slug)
+    return change(
+        request,
+        actions.regenerate_badge_key,
+        "dashboard:badges",
+        done=lambda _: "New badge URLs: the old ones no longer answer.",
+    )

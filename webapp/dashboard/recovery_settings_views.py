@@ -5,30 +5,25 @@ audit Event."""
 from __future__ import annotations
 
 import json
-import re
 
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.db import transaction
-from django.shortcuts import redirect, render
+from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
 from webapp.dashboard.access import project_view
-from webapp.dashboard.settings_views import _settings_context, audit
+from webapp.dashboard.setting_changes import change
+from webapp.dashboard.settings_views import _settings_context
+from webapp.domain import actions
+from webapp.domain.actions.project_settings import RESTORE_CHECK_KEYS, check_restore_checks
 from webapp.domain.models import LaunchProfile
 from webapp.domain.models.projects import Role
-from webapp.domain.recovery.reshard import MAX_WORLD_SIZE
-
-RESTORE_CHECK_KEYS = (
-    *("forward", "replay", "replay_steps", "replay_rtol", "replay_metric", "file"),
-    "reshard",
-)
 
 
 def clean_restore_checks(text: str) -> dict:
-    """The project's restore_checks: a JSON object with only the known keys, each of the
-    right type (docs/restore.md, "Deeper levels")."""
+    """The project's restore_checks from the form's JSON text, checked by the action's
+    own rules (webapp/domain/actions/project_settings.check_restore_checks)."""
     text = (text or "").strip()
     if not text:
         return {}
@@ -38,46 +33,10 @@ def clean_restore_checks(text: str) -> dict:
         raise ValidationError(
             f"Not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})."
         ) from None
-    if not isinstance(value, dict):
-        raise ValidationError('It must be a JSON object, like {"forward": "pkg.mod:fn"}.')
-    unknown = sorted(set(value) - set(RESTORE_CHECK_KEYS))
-    if unknown:
-        raise ValidationError(
-            f"Unknown key {unknown[0]!r}; the keys are {', '.join(RESTORE_CHECK_KEYS)}."
-        )
-    for key in ("forward", "replay"):
-        if key in value and not (
-            isinstance(value[key], str) and re.fullmatch(r"[\w.]+:\w+", value[key])
-        ):
-            raise ValidationError(f'{key} must name a function as "package.module:function".')
-    for key in ("replay_metric", "file"):
-        if key in value and not (isinstance(value[key], str) and value[key]):
-            raise ValidationError(f"{key} must be a non-empty string.")
-    if "file" in value:
-        from webapp.domain.confined_files import Refused, relative_parts
-
-        try:
-            relative_parts(value["file"], "file")
-        except Refused as exc:
-            raise ValidationError(f"{exc}: it names one of the checkpoint's files.") from None
-    reshard = value.get("reshard")
-    if reshard is not None and not (
-        isinstance(reshard, list)
-        and 1 <= len(reshard) <= 4
-        and all(type(m) is int and 1 <= m <= MAX_WORLD_SIZE for m in reshard)
-    ):
-        raise ValidationError(
-            f"reshard must list one to four world sizes from 1 to {MAX_WORLD_SIZE}, like [2, 4]."
-        )
-    steps = value.get("replay_steps")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ValidationError("replay_steps must be a whole number of at least 1.")
-    rtol = value.get("replay_rtol")
-    if rtol is not None and (
-        isinstance(rtol, bool) or not isinstance(rtol, int | float) or not 0 <= rtol < 1
-    ):
-        raise ValidationError("replay_rtol must be a number from 0 to 1, like 1e-4.")
-    return value
+    try:
+        return check_restore_checks(value)
+    except actions.SettingInvalid as exc:
+        raise ValidationError(exc.message) from None
 
 
 class RecoveryForm(forms.Form):
@@ -179,63 +138,26 @@ def recovery(request):
             "gpu_hour_price": data["gpu_hour_price"],
             "restore_checks": data["restore_checks"],
         }
-        old = {
-            "storage_quota_bytes": project.storage_quota_bytes,
-            "auto_resume_profile": project.auto_resume_profile.name
-            if project.auto_resume_profile_id
-            else None,
-            "max_restarts": project.max_restarts,
-            "quarantine_after": project.quarantine_after,
-            "loop_after": project.loop_after,
-            "gpu_hour_price": project.gpu_hour_price,
-            "restore_checks": project.restore_checks,
-        }
-        changed = [name for name in new if new[name] != old[name]]
-        if changed:
-            with transaction.atomic():
-                project.storage_quota_bytes = new["storage_quota_bytes"]
-                project.auto_resume_profile = profile
-                project.max_restarts = new["max_restarts"]
-                project.quarantine_after = new["quarantine_after"]
-                project.loop_after = new["loop_after"]
-                project.gpu_hour_price = new["gpu_hour_price"]
-                project.restore_checks = new["restore_checks"]
-                project.save(
-                    update_fields=[
-                        "storage_quota_bytes",
-                        "auto_resume_profile",
-                        "max_restarts",
-                        "quarantine_after",
-                        "loop_after",
-                        "gpu_hour_price",
-                        "restore_checks",
-                    ]
+
+        def say(changed: list[str]) -> None:
+            if changed:
+                messages.success(
+                    request, "Saved: " + ", ".join(n.replace("_", " ") for n in changed) + "."
                 )
-                for name in changed:
-                    audit(
-                        request,
-                        f"project.{name}_changed",
-                        f"{name.replace('_', ' ')}: {_shown(old[name])} → {_shown(new[name])}",
-                        setting=name,
-                        old=old[name],
-                        new=new[name],
-                    )
-            messages.success(
-                request, "Saved: " + ", ".join(n.replace("_", " ") for n in changed) + "."
-            )
-        else:
-            messages.info(request, "Nothing changed.")
-        return redirect("dashboard:settings-recovery", project.slug)
+            else:
+                messages.info(request, "Nothing changed.")
+
+        done = change(
+            request,
+            lambda caller: actions.update_recovery(caller, **new),
+            "dashboard:settings-recovery",
+            form=form,
+            done=say,
+        )
+        if done is not None:
+            return done
     return render(
         request,
         "dashboard/settings_recovery.html",
         _settings_context(request, form=form, tab="recovery"),
     )
-
-
-def _shown(value) -> str:
-    if value is None or value == {}:
-        return "none"
-    if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)
-    return str(value)

@@ -1,8 +1,9 @@
 """Project settings, for admins: API tokens (the secret is shown once, at creation, and
 never stored), storage targets (credentials are named by reference, never entered or
 shown here), launch profiles and recovery (storage quota, automatic resume, restore-test
-levels); alert channels are in webapp/dashboard/alert_views.py. Each change leaves an
-audit Event."""
+levels); alert channels are in webapp/dashboard/alert_views.py. Each change is an
+action (webapp/domain/actions/, as the API's /settings/ routes), which writes its audit
+Event."""
 
 from __future__ import annotations
 
@@ -16,24 +17,12 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
-from webapp.dashboard.access import actor_of, project_view
+from webapp.dashboard.access import project_view
 from webapp.dashboard.setting_changes import change
 from webapp.domain import actions
-from webapp.domain.models import ApiToken, Event, LaunchProfile, StorageAudit, StorageTarget
+from webapp.domain.models import ApiToken, LaunchProfile, StorageAudit, StorageTarget
 from webapp.domain.models.projects import Role, Scope
 from webapp.domain.replication import storage_access
-
-
-def audit(request, type_: str, message: str, *, run=None, step=None, **data) -> None:
-    Event.record(
-        type_,
-        project=request.project,
-        run=run,
-        step=step,
-        actor=actor_of(request),
-        message=message,
-        data=data,
-    )
 
 
 class TokenForm(forms.Form):

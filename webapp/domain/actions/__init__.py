@@ -21,6 +21,7 @@ Settings, for a project's admins (a Caller: a member with role admin, or a token
     create_profile, update_profile, delete_profile       (launch profiles)
     create_channel, update_channel, set_channel_enabled, delete_channel
     add_member, change_role, remove_member
+    update_recovery(caller, **fields) -> fields changed; regenerate_badge_key(caller)
 
 A refused value raises SettingInvalid (naming the field), a refusal by the project's
 state SettingConflict (a name in use, the last admin, a profile history names).
@@ -46,6 +47,7 @@ from webapp.domain.actions.checkpoints import pin, release, replicate, restore_t
 from webapp.domain.actions.common import ActionRefused, NoSuchTarget, Requested
 from webapp.domain.actions.launch_profiles import create_profile, delete_profile, update_profile
 from webapp.domain.actions.members import add_member, change_role, remove_member
+from webapp.domain.actions.project_settings import regenerate_badge_key, update_recovery
 from webapp.domain.actions.resumes import cancel_resume, resume
 from webapp.domain.actions.retention import apply_retention, audit_storage, clean_storage
 from webapp.domain.actions.storage_targets import create_target, delete_target, update_target
@@ -70,11 +72,13 @@ __all__ = [
     "delete_channel",
     "delete_profile",
     "delete_target",
+    "regenerate_badge_key",
     "remove_member",
     "revoke_token",
     "set_channel_enabled",
     "update_channel",
     "update_profile",
+    "update_recovery",
     "update_target",
     "apply_retention",
     "audit_storage",
