@@ -1,6 +1,6 @@
 """The `lifeboat` command: watch a directory, fetch the latest checkpoint, deliver the
 spool, and the operator's commands over the API (runs, checkpoints, show, validate,
-restore-test, resume: lifeboat/ops_cli.py). Settings come from flags or LIFEBOAT_URL /
+restore-test, resume). Settings come from flags or LIFEBOAT_URL /
 LIFEBOAT_TOKEN / LIFEBOAT_RUN."""
 
 from __future__ import annotations

@@ -83,6 +83,19 @@ def test_the_failed_parent_says_it_was_resumed_and_the_family_recovered(project,
     assert "digits CNN · attempt 3</a>" in lineage and "attempt 2 of 3" in lineage
 
 
+def test_a_run_resumed_under_its_own_key_names_its_own_step(project, viewer):
+    """The README tour's `train_digits.py --resume` restarts the run `digits` from its own
+    step: the page says so, not "a checkpoint not known to this project"."""
+    run = make_run(project, "digits", name="digits CNN")
+    at_92 = make_checkpoint(run, 92)
+    run.resumed_from, run.resumed_from_ref = at_92, str(at_92.pk)
+    run.save()
+    html = as_user(viewer).get("/p/alpha/runs/digits/").content.decode()
+    lineage = html.split('id="lineage"')[1].split("</section>")[0]
+    assert "Resumed from its own" in lineage and "step 92</a>" in lineage
+    assert "not known to this project" not in lineage
+
+
 def test_a_failed_run_with_a_resume_on_its_way_is_failed_resuming(project, viewer):
     run = make_run(project, "lone", name="lone", status="failed")
     checkpoint = make_checkpoint(run, 10)
