@@ -33,6 +33,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-logo  # the layers: [tool.importlinter] in pyproject.toml
+	$(BIN)/mypy  # the domain's types: [tool.mypy] in pyproject.toml
 
 format: $(STAMP)
 	$(BIN)/ruff format .

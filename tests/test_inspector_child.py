@@ -34,7 +34,7 @@ def test_the_child_and_the_parent_import_no_django():
     import importlib
 
     from webapp import domain
-    from webapp.domain import formats
+    from webapp.domain import child_payloads, formats
     from webapp.domain.formats import base as formats_base
     from webapp.domain.validation import (
         checkpoint_walk,
@@ -52,6 +52,7 @@ def test_the_child_and_the_parent_import_no_django():
     )
 
     helpers = (checkpoint_walk, content_findings, pickle_policy, tensor_places, sandbox)
+    helpers += (child_payloads,)  # the typed payloads: standard library only
     helpers += (torch_files,)
     helpers += (inspect_common, inspect_dcp, inspect_deepspeed, inspect_hf, formats)
     helpers += (inspect_safetensors, inspect_torch)

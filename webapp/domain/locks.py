@@ -27,7 +27,7 @@ tests/test_locks.py holds every lock in webapp/ to this module.
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Manager, QuerySet
 
 ORDER = (
     "project",
@@ -41,7 +41,7 @@ ORDER = (
 )
 
 
-def for_update(queryset: QuerySet, *, skip_locked: bool = False) -> QuerySet:
+def for_update(queryset: QuerySet | Manager, *, skip_locked: bool = False) -> QuerySet:
     """The rows of `queryset` (not those of its select_related joins), locked until the
     transaction ends, without blocking inserts of rows that point to them."""
     return queryset.select_for_update(no_key=True, of=("self",), skip_locked=skip_locked)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 
+from webapp.domain.child_payloads import Finding
 from webapp.domain.formats.base import Format, Inspection
 from webapp.domain.formats.dcp import Dcp
 from webapp.domain.formats.deepspeed import DeepSpeed
@@ -64,7 +65,7 @@ def strongest_format(found: Iterable[str]) -> str:
     return next((f.name for f in _naming() if f.name in found), UNKNOWN)
 
 
-def format_differs(format_hint: str, detected: str) -> list[dict]:
+def format_differs(format_hint: str, detected: str) -> list[Finding]:
     """An info finding when the job's format hint names another format than the files."""
     hinted = hinted_format(format_hint)
     if hinted and detected != UNKNOWN and hinted != detected:

@@ -32,7 +32,8 @@ def select_locked_later(model: type[models.Model], where: dict[str, Sequence]) -
         sql, instances = _select_sql(model, tuple(where))
         return send(sql, [list(values) for values in where.values()], True, instances)
     quote = connection.ops.quote_name
-    conditions, params = [], []
+    conditions: list[str] = []
+    params: list = []
     for column, values in where.items():
         conditions.append(f"{quote(column)} IN ({', '.join(['%s'] * len(values))})")
         params.extend(values)
@@ -122,7 +123,7 @@ def _converters(model: type[models.Model]) -> tuple:
     """For each concrete field, the function that turns what the cursor gives into
     the Python value (JSON text into objects, SQLite's text into UUIDs and datetimes),
     or None where the value is already right."""
-    out = []
+    out: list = []
     for field in model._meta.concrete_fields:
         converters = [
             *connection.ops.get_db_converters(field.get_col(field.model._meta.db_table)),

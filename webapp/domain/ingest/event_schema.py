@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -330,7 +331,7 @@ def _field_path(loc: tuple) -> str:
     return "".join(parts)
 
 
-def _friendly(error: dict) -> str:
+def _friendly(error: Mapping) -> str:
     kind = error["type"]
     if kind == "missing":
         return "is required"

@@ -25,6 +25,7 @@ test's thread, inside its transaction) go the same way as production.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from django.db import InterfaceError, OperationalError, connection
 
 from webapp.domain.ingest.apply import IngestResult, ingest
+from webapp.domain.models import Project
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ GROUP_BELOW = 100
 
 @dataclass
 class _Request:
-    project: object
+    project: Project
     actor: str
     events: Sequence
     raw: Sequence[dict]
@@ -77,13 +79,14 @@ class GroupCommitter:
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         while self._waiting and self._running < self.in_flight:
-            group, size = [], 0
+            group: list[_Request] = []
+            size = 0
             while self._waiting and (not group or size < self.max_events):
                 group.append(self._waiting.popleft())
                 size += len(group[-1].events)
             self._running += 1
             done = loop.run_in_executor(self.executor, self.wrap, apply_group, group)
-            done.add_done_callback(lambda task, group=group: self._finish(loop, group, task))
+            done.add_done_callback(functools.partial(self._finish, loop, group))
 
     def _finish(self, loop, group: list[_Request], task: asyncio.Future) -> None:
         self._running -= 1
@@ -144,7 +147,9 @@ def _apply_alone(request: _Request) -> IngestResult:
 
 
 def _apply_together(requests: list[_Request]) -> list[IngestResult]:
-    events, raw, actors = [], [], []
+    events: list = []
+    raw: list[dict] = []
+    actors: list[str] = []
     for request in requests:
         events.extend(request.events)
         raw.extend(request.raw)

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from webapp.domain.models import CheckpointFile, CheckpointPart
 from webapp.domain.models.checkpoints import Checkpoint, CheckpointStatus
@@ -47,6 +49,15 @@ def files_digest(files: list[tuple]) -> str:
 class PartsFolding:
     """The part of rules.Applier that folds part reports (a mixin: it shares the
     Applier's checkpoints, _set and to_validate)."""
+
+    # What rules.Applier, which mixes this in, provides.
+    safe: Callable[[Any], Any]
+    checkpoints: dict[tuple[int, int], Checkpoint]
+    replaced_files: dict[tuple[int, int], list]
+    to_validate: set[tuple[int, int]]
+    _checkpoint: Callable[..., Checkpoint]
+    _step_seen: Callable[..., None]
+    _set: Callable[..., None]
 
     def _init_parts(self) -> None:
         self.parts: dict[int, dict[int, PartInfo]] = {}  # checkpoint pk -> rank -> part

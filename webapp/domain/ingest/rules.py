@@ -244,7 +244,7 @@ class Applier(PartsFolding):
         saved_ids = [
             c.pk for key, c in self.checkpoints.items() if c.saved_at is not None and key in whole
         ]
-        self.known_files: dict[int, list] = {pk: [] for pk in saved_ids}
+        self.known_files = {pk: [] for pk in saved_ids}
         if not saved_ids:
             return
         for pk, path, size, sha in CheckpointFile.objects.filter(

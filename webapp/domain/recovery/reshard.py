@@ -19,6 +19,7 @@ from pathlib import Path
 from django.conf import settings
 
 from lifeboat.parts import dcp_world_size
+from webapp.domain.child_payloads import ReshardRequest, ReshardResult
 
 CHILD_MODULE = "webapp.domain.recovery.reshard_load"
 MAX_WORLD_SIZE = 64  # processes forked on one worker: beyond that, a cluster's job
@@ -61,11 +62,11 @@ def refusal(checkpoint, world_size: int | None) -> str | None:
     return None
 
 
-def run_child(base: Path, files: list[str], world_sizes: list[int]) -> dict:
+def run_child(base: Path, files: list[str], world_sizes: list[int]) -> ReshardResult:
     """The child's answer (reshard_load.check); RuntimeError when it gave none."""
     from webapp.domain.validation.sandbox import run_fresh_child
 
-    request = {
+    request: ReshardRequest = {
         "base": str(base), "root": dcp_root(files) or "", "files": files,
         "world_sizes": world_sizes, "timeout_s": settings.VALIDATION_TIMEOUT_S,
     }  # fmt: skip
@@ -99,12 +100,12 @@ def levels(validation, scratch: Path, files: list[str], timings: dict) -> list[d
             "message": "not run: only torch.distributed.checkpoint folders can be loaded on "
             "another world size; this checkpoint resumes on the world size that saved it",
         }]  # fmt: skip
+    failed = {"level": "reshard", "ok": False, "severity": "corrupt"}
     try:
         result = run_child(scratch, files, sizes)
     except RuntimeError as exc:
-        result = {"error": str(exc)}
+        return [{**failed, "message": str(exc)}]
     if result["error"]:
-        failed = {"level": "reshard", "ok": False, "severity": "corrupt"}
         return [{**failed, "message": result["error"]}]
     timings["reshard_s"] = sum(r["seconds"] for r in result["results"])
     found = [

@@ -50,6 +50,7 @@ import traceback
 import torch
 
 from lifeboat.parts import dcp_world_size
+from webapp.domain.child_payloads import ReshardRequest, ReshardResult
 from webapp.domain.validation.inspect_common import Report, join
 from webapp.domain.validation.inspect_dcp import (
     DCP_PACKAGE,
@@ -272,10 +273,10 @@ def _compare(fqn: str, whole, reports: list[dict], saved_n: int, world_size: int
 # --------------------------------------------------------------------------- the check
 
 
-def check(request: dict) -> dict:
+def check(request: ReshardRequest) -> ReshardResult:
     base, root, files = request["base"], request.get("root", ""), set(request["files"])
-    result = {"saved_world_size": None, "tensors": 0, "bytes": 0, "results": [], "chunks": [],
-              "error": None}  # fmt: skip
+    result: ReshardResult = {"saved_world_size": None, "tensors": 0, "bytes": 0,
+                             "results": [], "chunks": [], "error": None}  # fmt: skip
     report = Report()
     meta_rel = join(root, ".metadata")
     metadata = read_dcp_metadata(os.path.join(base, meta_rel), meta_rel, report)

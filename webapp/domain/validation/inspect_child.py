@@ -28,6 +28,7 @@ import sys
 import torch
 
 from webapp.domain import formats
+from webapp.domain.child_payloads import InspectRequest, InspectResult
 from webapp.domain.validation.content_findings import plural as plural
 from webapp.domain.validation.inspect_common import (
     EXIT_OUT_OF_MEMORY,
@@ -40,7 +41,7 @@ from webapp.domain.validation.torch_files import HEAD_BYTES
 # --------------------------------------------------------------------------- the checkpoint
 
 
-def inspect(request: dict) -> dict:
+def inspect(request: InspectRequest) -> InspectResult:
     """The whole check of one checkpoint; never raises for a bad file (only MemoryError)."""
     if request.get("threads"):
         torch.set_num_threads(int(request["threads"]))

@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 
 import torch
 
+from webapp.domain.child_payloads import InspectResult
 from webapp.domain.validation import torch_files
 from webapp.domain.validation.content_findings import AllZero, NonFinite, value_findings
 from webapp.domain.validation.content_findings import plural as plural
@@ -73,7 +74,7 @@ class Report:
         self.dtypes[dtype] += 1
         self.keys[name] = [dtype, shape]
 
-    def as_dict(self, detected: str, raw_values: bool = False) -> dict:
+    def as_dict(self, detected: str, raw_values: bool = False) -> InspectResult:
         """The result, for a checkpoint whose format is `detected` (the strongest of
         `formats`: webapp/domain/formats). With `raw_values` (one part of a checkpoint
         checked in parts) the NaN/Inf and all-zero tensors are listed under "values" for

@@ -24,6 +24,7 @@ import signal
 import time
 
 from lifeboat.units import human_size
+from webapp.domain.child_payloads import InspectRequest
 from webapp.domain.validation.sandbox import (  # noqa: F401  (re-exported)
     PROJECT_ROOT,
     WarmHelper,
@@ -98,7 +99,7 @@ def inspect_checkpoint(
     `threads` bounds the child's torch threads (parts at once share the cores: an
     oversubscribed NaN scan runs several times slower).
     """
-    request = {
+    request: InspectRequest = {
         "base": str(base),
         "files": [str(f) for f in files],
         "single_file": bool(single_file),

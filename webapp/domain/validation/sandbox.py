@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 PROJECT_ROOT = str(Path(__file__).resolve().parents[3])
@@ -93,7 +94,9 @@ def child_command(*extra: str, module: str) -> list[str]:
     return [sys.executable, "-W", "ignore", "-m", module, *extra]
 
 
-def run_fresh_child(request: dict, address_space: int, timeout_s: float, module: str) -> dict:
+def run_fresh_child(
+    request: Mapping, address_space: int | None, timeout_s: float, module: str
+) -> dict:
     """Runs the check in a new interpreter. Returns the raw outcome: {"timed_out": True}
     or {"returncode", "stdout", "stderr"}."""
     try:
@@ -161,7 +164,7 @@ class WarmHelper:
         with self._lock:
             self._stop()
 
-    def run(self, request: dict, address_space: int | None, timeout_s: float) -> dict:
+    def run(self, request: Mapping, address_space: int | None, timeout_s: float) -> dict:
         job = {"request": request, "address_space": address_space, "timeout_s": timeout_s}
         line = (json.dumps(job) + "\n").encode()
         with self._lock:
