@@ -51,6 +51,8 @@ SERVER = [
     "boto3>=1.35",
     # The ingest path parses request bodies with it (about 4x the stdlib json).
     "orjson>=3.10",
+    # GET /metrics is written by it (webapp/ops/metrics.py).
+    "prometheus-client>=0.20",
 ]
 
 setup(install_requires=[*SERVER, f"lifeboat-ckpt-client=={client_version()}"])

@@ -14,11 +14,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def sample(text: str, name: str, **labels) -> float:
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = re.escape(name + ("{" + wanted + "}" if labels else "")) + r" (\S+)"
-    found = re.search("^" + pattern + "$", text, re.M)
-    assert found, f"{name} {labels} not in:\n{text}"
-    return float(found.group(1))
+    """The value of the sample with exactly these labels, in whatever order written."""
+    for found in re.finditer("^" + re.escape(name) + r"(?:\{(.*)\})? (\S+)$", text, re.M):
+        if dict(re.findall(r'(\w+)="([^"]*)"', found.group(1) or "")) == labels:
+            return float(found.group(2))
+    raise AssertionError(f"{name} {labels} not in:\n{text}")
 
 
 def test_it_shows_checkpoints_queues_lag_and_api_latency(client, api, token, queues, settings):

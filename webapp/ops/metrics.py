@@ -8,100 +8,105 @@ unsettled or running.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterator
 
 import redis
 from django.conf import settings
 from django.db.models import Count, Max, Min, Sum
 from django.http import HttpResponse, JsonResponse
 from django.utils import timezone
+from prometheus_client import CollectorRegistry, exposition, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
 
 from webapp.ops import latency
 
 QUEUES = ("validate", "replicate", "restore", "launch", "gpu")
+# The classic text format (0.0.4), which every Prometheus reads: from 0.22 on, the
+# library's CONTENT_TYPE_LATEST names version 1.0.0 (UTF-8 names), which ours do not need.
+CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4", exposition.CONTENT_TYPE_LATEST)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class LifeboatCollector(Collector):
+    """Every family, read fresh from the database and Redis at each scrape: the collector
+    keeps nothing between scrapes, so no value outlives the rows it was read from."""
+
+    def collect(self) -> Iterator[Metric]:
+        # One `now` for every age in a scrape, so the ages agree with each other.
+        now = timezone.now()
+        yield from _checkpoints()
+        yield from _queues()
+        yield from _lags(now)
+        yield from _run_ages(now)
+        yield from _restores()
+        yield from _goodput()
+        yield from _storage()
+        yield from _repairs()
+        yield from _latency()
 
 
-def _labels(**labels: str) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}"
-
-
-class Exposition:
-    def __init__(self):
-        self.lines: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-
-    def sample(self, name: str, value: float, **labels: str) -> None:
-        # Whole numbers (bytes, counts) exactly; measurements to six figures.
-        shown = str(value) if isinstance(value, int) else f"{value:.6g}"
-        self.lines.append(f"{name}{_labels(**labels)} {shown}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
+# Created once: the collector holds no state, and a registry of its own keeps the
+# library's default process and platform collectors out of the scrape.
+REGISTRY = CollectorRegistry()
+REGISTRY.register(LifeboatCollector())
 
 
 def collect() -> str:
-    # One `now` for every age in a scrape, so the ages agree with each other.
-    now = timezone.now()
-    out = Exposition()
-    _checkpoints(out)
-    _queues(out)
-    _lags(out, now)
-    _run_ages(out, now)
-    _restores(out)
-    _goodput(out)
-    _storage(out)
-    _repairs(out)
-    _latency(out)
-    return out.text()
+    """The exposition Prometheus gets (text format 0.0.4)."""
+    return generate_latest(REGISTRY).decode()
 
 
-def _repairs(out: Exposition) -> None:
+def _repairs() -> Iterator[Metric]:
     from webapp.domain import repair
 
-    out.family(
+    family = CounterMetricFamily(
         "lifeboat_repairs_total",
-        "counter",
         "Work the sweeper found owed and nobody doing, and sent again, by stage.",
+        labels=["stage"],
     )
     try:
         counts = repair.totals()
     except redis.RedisError:
         counts = {}
     for stage in ("validate", "replicate", "retention", "restore", "launch"):
-        out.sample("lifeboat_repairs_total", counts.get(stage, 0), stage=stage)
+        family.add_metric([stage], counts.get(stage, 0))
+    yield family
 
 
-def _checkpoints(out: Exposition) -> None:
+def _checkpoints() -> Iterator[Metric]:
     from webapp.domain.models import Checkpoint
 
-    out.family("lifeboat_checkpoints", "gauge", "Checkpoints by status.")
+    family = GaugeMetricFamily("lifeboat_checkpoints", "Checkpoints by status.", labels=["status"])
     for row in Checkpoint.objects.values("status").annotate(n=Count("pk")).order_by("status"):
-        out.sample("lifeboat_checkpoints", row["n"], status=row["status"])
+        family.add_metric([row["status"]], row["n"])
+    yield family
 
 
-def _queues(out: Exposition) -> None:
+def _queues() -> Iterator[Metric]:
     """Queue depths, and whether the broker answered at all: a broker that is down
     shows as broker_up 0 rather than failing the whole scrape."""
-    out.family("lifeboat_queue_depth", "gauge", "Tasks waiting in each Celery queue.")
+    depth = GaugeMetricFamily(
+        "lifeboat_queue_depth", "Tasks waiting in each Celery queue.", labels=["queue"]
+    )
     try:
         broker = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=1)
         for queue in QUEUES:
-            out.sample("lifeboat_queue_depth", broker.llen(queue), queue=queue)
+            depth.add_metric([queue], broker.llen(queue))
         broker_up = 1
     except redis.RedisError:
         broker_up = 0
-    out.family("lifeboat_broker_up", "gauge", "1 if the Celery broker answered.")
-    out.sample("lifeboat_broker_up", broker_up)
+    yield depth
+    yield GaugeMetricFamily(
+        "lifeboat_broker_up", "1 if the Celery broker answered.", value=broker_up
+    )
 
 
-def _lags(out: Exposition, now) -> None:
+def _lags(now) -> Iterator[Metric]:
     from webapp.domain.models import Checkpoint, Replica
 
     lags = (
@@ -114,20 +119,22 @@ def _lags(out: Exposition, now) -> None:
         ("replication", Replica, ["pending", "uploading"], "replica waiting for (or in) upload"),
     )
     for name, model, statuses, what in lags:
-        metric = f"lifeboat_{name}_lag_seconds"
-        out.family(metric, "gauge", f"Age of the oldest {what}; 0 when none.")
         # Both filters match a partial index on the unsettled rows (see the models).
         oldest = model.objects.filter(status__in=statuses).aggregate(t=Min("created_at"))["t"]
-        out.sample(metric, (now - oldest).total_seconds() if oldest else 0)
+        yield GaugeMetricFamily(
+            f"lifeboat_{name}_lag_seconds",
+            f"Age of the oldest {what}; 0 when none.",
+            value=(now - oldest).total_seconds() if oldest else 0,
+        )
 
 
-def _run_ages(out: Exposition, now) -> None:
+def _run_ages(now) -> Iterator[Metric]:
     from webapp.domain.models import Run
 
-    out.family(
+    family = GaugeMetricFamily(
         "lifeboat_run_last_checkpoint_age_seconds",
-        "gauge",
         "Seconds since the last checkpoint of each running run (since its start if none).",
+        labels=["project", "run"],
     )
     running = (
         Run.objects.filter(status="running")
@@ -136,21 +143,17 @@ def _run_ages(out: Exposition, now) -> None:
     )
     for slug, key, last, started, created in running:
         since = last or started or created
-        out.sample(
-            "lifeboat_run_last_checkpoint_age_seconds",
-            (now - since).total_seconds(),
-            project=slug,
-            run=key,
-        )
+        family.add_metric([slug, key], (now - since).total_seconds())
+    yield family
 
 
-def _restores(out: Exposition) -> None:
+def _restores() -> Iterator[Metric]:
     from webapp.domain.models import Validation
 
-    out.family(
+    family = GaugeMetricFamily(
         "lifeboat_restore_seconds",
-        "gauge",
         "Measured time to recover: the latest passed restore test of each run.",
+        labels=["project", "run"],
     )
     # Newest first: the first row seen for a run is its latest passed restore test.
     seen = set()
@@ -165,10 +168,11 @@ def _restores(out: Exposition) -> None:
         seen.add((slug, key))
         total = (timings or {}).get("total_s")
         if isinstance(total, int | float):
-            out.sample("lifeboat_restore_seconds", total, project=slug, run=key)
+            family.add_metric([slug, key], total)
+    yield family
 
 
-def _goodput(out: Exposition) -> None:
+def _goodput() -> Iterator[Metric]:
     """Each project's goodput from the rows the workers keep (health/goodput_store.py):
     a sum per project, whatever the number of runs behind it."""
     from webapp.domain.health.goodput import CAUSES
@@ -180,28 +184,37 @@ def _goodput(out: Exposition) -> None:
         .annotate(**{n: Sum(n) for n in (*names, *CAUSES)})
         .order_by("project__slug")
     )
-    families = (
-        ("lifeboat_goodput_ratio", "Kept progress over elapsed time of the project's runs."),
-        ("lifeboat_gpu_hours", "GPU-hours the project's runs held (goodput ledger)."),
-        ("lifeboat_productive_gpu_hours", "Of those, GPU-hours that became kept progress."),
-        ("lifeboat_badput_seconds", "Run time that did not become kept progress, by cause."),
+    project = ["project"]
+    ratio = GaugeMetricFamily(
+        "lifeboat_goodput_ratio",
+        "Kept progress over elapsed time of the project's runs.",
+        labels=project,
     )
-    for name, help_text in families:
-        out.family(name, "gauge", help_text)
+    gpu = GaugeMetricFamily(
+        "lifeboat_gpu_hours", "GPU-hours the project's runs held (goodput ledger).", labels=project
+    )
+    productive = GaugeMetricFamily(
+        "lifeboat_productive_gpu_hours",
+        "Of those, GPU-hours that became kept progress.",
+        labels=project,
+    )
+    badput = GaugeMetricFamily(
+        "lifeboat_badput_seconds",
+        "Run time that did not become kept progress, by cause.",
+        labels=["cause", "project"],
+    )
     for row in rows:
         slug = row["project__slug"]
         if row["wall_seconds"]:
-            ratio = row["productive_seconds"] / row["wall_seconds"]
-            out.sample("lifeboat_goodput_ratio", ratio, project=slug)
-        out.sample("lifeboat_gpu_hours", row["gpu_seconds"] / 3600, project=slug)
-        out.sample(
-            "lifeboat_productive_gpu_hours", row["productive_gpu_seconds"] / 3600, project=slug
-        )
+            ratio.add_metric([slug], row["productive_seconds"] / row["wall_seconds"])
+        gpu.add_metric([slug], row["gpu_seconds"] / 3600)
+        productive.add_metric([slug], row["productive_gpu_seconds"] / 3600)
         for cause in CAUSES:
-            out.sample("lifeboat_badput_seconds", row[cause], cause=cause, project=slug)
+            badput.add_metric([cause, slug], row[cause])
+    yield from (ratio, gpu, productive, badput)
 
 
-def _storage(out: Exposition) -> None:
+def _storage() -> Iterator[Metric]:
     """The storage ledger's newest history row of each target and of the local copies
     (webapp/domain/replication/ledger.py, written every STORAGE_LEDGER_S): one query,
     however many objects are stored."""
@@ -218,40 +231,42 @@ def _storage(out: Exposition) -> None:
         "project_id", "project__slug", "target_id", "target__name", "target__gb_month_price",
         "taken_at", "stored_bytes", "stored_objects", "logical_bytes", "would_free_bytes",
     )  # fmt: skip
-    families = (
-        ("lifeboat_storage_stored_bytes", "Bytes stored, each object once."),
-        ("lifeboat_storage_logical_bytes", "Bytes the copies would take, not deduplicated."),
-        ("lifeboat_storage_objects", "Objects stored (files, where=local)."),
-        ("lifeboat_storage_would_free_bytes", "Bytes the retention policies would free now."),
-        ("lifeboat_storage_monthly_cost", "What the stored bytes cost a month."),
+    labels = ["project", "target", "where"]
+    stored, logical, objects, would_free, cost = (
+        GaugeMetricFamily(name, help_text, labels=labels)
+        for name, help_text in (
+            ("lifeboat_storage_stored_bytes", "Bytes stored, each object once."),
+            ("lifeboat_storage_logical_bytes", "Bytes the copies would take, not deduplicated."),
+            ("lifeboat_storage_objects", "Objects stored (files, where=local)."),
+            ("lifeboat_storage_would_free_bytes", "Bytes the retention policies would free now."),
+            ("lifeboat_storage_monthly_cost", "What the stored bytes cost a month."),
+        )
     )
-    for name, help_text in families:
-        out.family(name, "gauge", help_text)
     for row in sorted(rows, key=lambda r: (r["project__slug"], r["target__name"] or "")):
         if latest.get((row["project_id"], row["target_id"])) != row["taken_at"]:
             continue
-        labels = {
-            "project": row["project__slug"],
-            "target": row["target__name"] or "",
-            "where": "target" if row["target_id"] else "local",
-        }
-        out.sample("lifeboat_storage_stored_bytes", row["stored_bytes"], **labels)
-        out.sample("lifeboat_storage_logical_bytes", row["logical_bytes"], **labels)
-        out.sample("lifeboat_storage_objects", row["stored_objects"], **labels)
-        out.sample("lifeboat_storage_would_free_bytes", row["would_free_bytes"], **labels)
+        values = [
+            row["project__slug"],
+            row["target__name"] or "",
+            "target" if row["target_id"] else "local",
+        ]
+        stored.add_metric(values, row["stored_bytes"])
+        logical.add_metric(values, row["logical_bytes"])
+        objects.add_metric(values, row["stored_objects"])
+        would_free.add_metric(values, row["would_free_bytes"])
         price = row["target__gb_month_price"]
         if price is not None:
-            cost = row["stored_bytes"] / GB * price
-            out.sample("lifeboat_storage_monthly_cost", cost, **labels)
+            cost.add_metric(values, row["stored_bytes"] / GB * price)
+    yield from (stored, logical, objects, would_free, cost)
 
 
-def _latency(out: Exposition) -> None:
+def _latency() -> Iterator[Metric]:
     """Prometheus histograms are cumulative: each bucket counts every request at or
     under its bound, so the stored per-bucket counts are summed as they are written."""
-    out.family(
+    family = HistogramMetricFamily(
         "lifeboat_http_request_duration_seconds",
-        "histogram",
         "API request latency by route, all web processes.",
+        labels=["method", "route"],
     )
     try:
         stored = latency.histograms()
@@ -261,27 +276,12 @@ def _latency(out: Exposition) -> None:
         values = stored[label]
         method, _, route = label.partition(" ")
         running_total = 0.0
+        buckets = []
         for bucket in [*map(str, latency.BUCKETS), "+Inf"]:
             running_total += values.get(bucket, 0.0)
-            out.sample(
-                "lifeboat_http_request_duration_seconds_bucket",
-                running_total,
-                method=method,
-                route=route,
-                le=bucket,
-            )
-        out.sample(
-            "lifeboat_http_request_duration_seconds_sum",
-            values.get("sum", 0.0),
-            method=method,
-            route=route,
-        )
-        out.sample(
-            "lifeboat_http_request_duration_seconds_count",
-            running_total,
-            method=method,
-            route=route,
-        )
+            buckets.append((bucket, running_total))
+        family.add_metric([method, route], buckets, values.get("sum", 0.0))
+    yield family
 
 
 def metrics_view(request):
@@ -302,4 +302,4 @@ def metrics_view(request):
                 status=401,
                 headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
             )
-    return HttpResponse(collect(), content_type="text/plain; version=0.0.4; charset=utf-8")
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE)
