@@ -1,8 +1,11 @@
 """GET /metrics in Prometheus' text format (docs/deployment.md lists every series).
 
-Gauges are read from PostgreSQL and Redis when Prometheus scrapes, so they are right
-whichever process answers; every query here uses an index or scans only what is
-unsettled or running.
+Every series is read from PostgreSQL and Redis when Prometheus scrapes, by one
+prometheus_client Collector, so it is right whichever process (or host) answers: the
+gauges from the rows, the repair counter and the API latency histogram from what every
+web process adds up in Redis. Nothing is counted in this process, so the library's
+multiprocess mode (PROMETHEUS_MULTIPROC_DIR) has nothing to do. Every query here uses an
+index or scans only what is unsettled or running.
 """
 
 from __future__ import annotations
