@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tests.servers import free_port, wait_for
+from tests.support.servers import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUES = "validate,replicate,restore,launch,alerts"

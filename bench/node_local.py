@@ -102,7 +102,7 @@ class Cluster:
     central worker; every process in a session of its own, stopped with its children."""
 
     def __init__(self, env: dict, work: Path, shared: Path, disks: dict[str, Path]):
-        from tests.servers import WebServer
+        from tests.support.servers import WebServer
 
         self.env, self.work = env, work
         self.workers: dict[str, subprocess.Popen] = {}

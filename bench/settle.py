@@ -49,7 +49,7 @@ def database_url(kind: str, work: Path) -> str:
 
 def one_round(args) -> dict:
     """In a process of its own (Django is set up once per process, for one database)."""
-    from tests.servers import S3Server
+    from tests.support.servers import S3Server
 
     work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-settle-", dir=ROOT / "var"))
     (work / "s3").mkdir()

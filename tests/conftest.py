@@ -1,216 +1,28 @@
 from __future__ import annotations
 
-import gzip
-import json
 import os
-import subprocess
-import sys
-import time
-import uuid
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import redis
 
-# Re-exported: the tests import these from here.
-from tests.servers import (  # noqa: F401
+from tests.support.api_client import Api
+from tests.support.celery_workers import start_worker, stop_worker
+from tests.support.events import T0, event, saved  # noqa: F401 (test_metrics*.py, for now)
+from tests.support.people import member
+from tests.support.servers import (
     ROOT,
     S3Server,
-    WebServer,
-    free_port,
-    gunicorn_control_socket_off,
-    wait_for,
 )
 
-T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
-SHA = "ab" * 32
-
-
-def at(seconds: float) -> str:
-    """An ISO 8601 time `seconds` after T0."""
-    return (T0 + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
-
-
-def event(type_: str, run: str = "run-1", t: float = 0, **fields) -> dict:
-    return {"id": str(uuid.uuid4()), "type": type_, "run": run, "time": at(t), **fields}
-
-
-def saved(run: str = "run-1", step: int = 100, t: float = 0, **fields) -> dict:
-    body = {
-        "step": step,
-        "epoch": 1,
-        "location": f"/data/{run}/step-{step}",
-        "files": [
-            {"path": "model.pt", "size": 1000, "sha256": SHA},
-            {"path": "optim.pt", "size": 500, "sha256": "cd" * 32},
-        ],
-        "save_seconds": 1.5,
-        "metrics": {"loss": 0.25},
-        "format": "torch",
-    }
-    body.update(fields)
-    return event("checkpoint.saved", run=run, t=t, **body)
-
-
-class Answer:
-    """What a test reads of an answer: status_code, json(), headers by name."""
-
-    def __init__(self, status: str, headers: list[tuple[str, str]], body: bytes):
-        self.status_code = int(status.split()[0])
-        self.headers = {name.lower(): value for name, value in headers}
-        self.content = body
-
-    def json(self):
-        return json.loads(self.content)
-
-    def __getitem__(self, name: str) -> str:
-        return self.headers[name.lower()]
-
-
-def call_asgi(path: str, body: bytes, headers: dict[str, str], method: str = "POST"):
-    """One request through webapp.asgi.application, the application production serves:
-    its event loop runs in a thread of its own, as in a server, and the work it hands
-    to its thread pool (the database, Django's other routes) runs in this thread, inside
-    the test's transaction. The body arrives in pieces, as a server passes it on."""
-    import asyncio
-    import threading
-
-    from django.core.wsgi import get_wsgi_application
-
-    from webapp.api.ingest_asgi import IngestASGI
-
-    global _asgi_app
-    if _asgi_app is None:
-        # webapp.asgi's application, with a pool that runs in this thread.
-        pages = get_wsgi_application()
-        _asgi_app = IngestASGI(pages, threads=1, executor=_CallerExecutor())
-    pieces = [body[i : i + 65536] for i in range(0, len(body), 65536)] or [b""]
-    messages = [
-        {"type": "http.request", "body": piece, "more_body": i < len(pieces) - 1}
-        for i, piece in enumerate(pieces)
-    ]
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-length", str(len(body)).encode())]
-        + [(name.lower().encode(), value.encode()) for name, value in headers.items()],
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-    }
-    sent: list[dict] = []
-    failed: list[BaseException] = []
-
-    async def receive():
-        return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-    async def send(message):
-        sent.append(message)
-
-    def serve():
-        try:
-            asyncio.run(_asgi_app(scope, receive, send))
-        except BaseException as exc:  # noqa: BLE001  (raised again in the test's thread)
-            failed.append(exc)
-        finally:
-            _asgi_app.pool.stop()
-
-    from django.core import signals
-    from django.db import close_old_connections
-
-    # As Django's test client does: the connection holds the test's transaction, which
-    # closing it after a request to Django's other routes would end.
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    loop_thread = threading.Thread(target=serve)
-    loop_thread.start()
-    try:
-        _asgi_app.pool.work_here()
-    finally:
-        loop_thread.join()
-        signals.request_started.connect(close_old_connections)
-        signals.request_finished.connect(close_old_connections)
-    if failed:
-        raise failed[0]
-    start = sent[0]
-    return Answer(
-        str(start["status"]),
-        [(k.decode(), v.decode()) for k, v in start["headers"]],
-        b"".join(m.get("body", b"") for m in sent[1:]),
-    )
-
-
-_asgi_app = None
-
-
-class _CallerExecutor:
-    """concurrent.futures' Executor interface; the calls run in the thread that calls
-    work_here(), until stop()."""
-
-    def __init__(self):
-        import queue
-
-        self._work = queue.SimpleQueue()
-
-    def submit(self, function, *args, **kwargs):
-        from concurrent.futures import Future
-
-        future = Future()
-        self._work.put((future, function, args, kwargs))
-        return future
-
-    def stop(self) -> None:
-        self._work.put(None)
-
-    def work_here(self) -> None:
-        while (item := self._work.get()) is not None:
-            future, function, args, kwargs = item
-            try:
-                future.set_result(function(*args, **kwargs))
-            except BaseException as exc:  # noqa: BLE001  (handed to the awaiting coroutine)
-                future.set_exception(exc)
-
-
-class Api:
-    """The v1 API with a bearer token. Events go through the ASGI application production
-    serves (POST /api/v1/events is answered there, before Django's request cycle:
-    webapp/api/ingest_asgi.py); the rest through the Django test client."""
-
-    def __init__(self, client):
-        self.client = client
-
-    def post_events(self, token: str | None, body, *, raw: bytes | None = None, headers=None):
-        data = raw if raw is not None else json.dumps(body).encode()
-        extra = {"Authorization": f"Bearer {token}"} if token else {}
-        extra.update(headers or {})
-        return call_asgi("/api/v1/events", data, extra)
-
-    def post_gzip(self, token: str, body):
-        return self.post_events(
-            token,
-            None,
-            raw=gzip.compress(json.dumps(body).encode()),
-            headers={"Content-Encoding": "gzip"},
-        )
-
-    def get(self, token: str | None, path: str, **params):
-        extra = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
-        return self.client.get(f"/api/v1{path}", params, **extra)
-
-    def post(self, token: str, path: str, body=None):
-        return self.client.post(
-            f"/api/v1{path}",
-            data=json.dumps(body) if body is not None else "",
-            content_type="application/json",
-            HTTP_AUTHORIZATION=f"Bearer {token}",
-        )
+# Fixtures that test modules share beyond these, each module with its helpers (tests/support/).
+pytest_plugins = [
+    "tests.support.browser",
+    "tests.support.client_stack",
+    "tests.support.restore_levels",
+    "tests.support.slurm",
+    "tests.support.webhooks",
+]
 
 
 @pytest.fixture
@@ -276,18 +88,6 @@ def queues(redis_client):
     redis_client.flushdb()
 
 
-def queued_tasks(redis_client, queue: str = "validate") -> list[dict]:
-    """The messages waiting on a Celery queue in Redis: task name, args and kwargs."""
-    import base64
-
-    tasks = []
-    for raw in redis_client.lrange(queue, 0, -1):
-        message = json.loads(raw)
-        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
-        tasks.append({"task": message["headers"]["task"], "args": args, "kwargs": kwargs})
-    return tasks
-
-
 def _database_url_for_subprocess() -> str:
     from django.db import connection
 
@@ -322,41 +122,6 @@ def worker_env(django_db_setup, redis_client) -> dict:
     return env
 
 
-def start_worker(
-    env: dict,
-    queues: str,
-    log_path: Path,
-    name: str | None = None,
-    wait: bool = True,
-    prefix: list[str] | None = None,
-) -> subprocess.Popen:
-    """A real Celery worker process (solo pool) on `queues`, its output in `log_path`;
-    with `wait`, returns once it says it is ready. `prefix`: a command that runs it (a
-    mount namespace standing in for another host)."""
-    command = [*(prefix or []), sys.executable, "-m", "celery", "-A", "workers", "worker",
-               "-Q", queues, "-P", "solo", "-l", "info", "--without-gossip", "--without-mingle",
-               "--without-heartbeat"]  # fmt: skip
-    if name:
-        command += ["-n", f"{name}@%h"]
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    process.log_path = log_path
-    deadline = time.monotonic() + 60
-    while wait and "ready." not in log_path.read_text():
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the Celery worker did not start:\n{log_path.read_text()}")
-        time.sleep(0.2)
-    return process
-
-
-def stop_worker(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-
-
 @pytest.fixture
 def celery_worker(worker_env, tmp_path):
     """A real Celery worker process on the validate queue, for one test (a worker that
@@ -364,18 +129,6 @@ def celery_worker(worker_env, tmp_path):
     process = start_worker(worker_env, "validate", tmp_path / "worker.log")
     yield process
     stop_worker(process)
-
-
-def run_together(target, argument_lists) -> None:
-    """target(*arguments) for each list of arguments, each in its own thread, at once;
-    returns when all have."""
-    import threading
-
-    threads = [threading.Thread(target=target, args=tuple(a)) for a in argument_lists]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
 
 
 @pytest.fixture(scope="session")
@@ -399,7 +152,7 @@ def s3(s3_server, settings):
 @pytest.fixture
 def server(worker_env):
     """Lifeboat's web server for one test, which the test may stop and start again."""
-    from tests.client_support import RestartableServer
+    from tests.support.client_scripts import RestartableServer
 
     web = RestartableServer(worker_env)
     web.start()
@@ -452,16 +205,6 @@ def browser():
 
 
 # --- People in a project, by role (dashboard and API tests) --------------------------------
-
-
-def member(project, name: str, role: str):
-    from django.contrib.auth import get_user_model
-
-    from webapp.domain.models import Membership
-
-    user = get_user_model().objects.create_user(name, password="pw")
-    Membership.objects.create(project=project, user=user, role=role)
-    return user
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from tests.conftest import queued_tasks, run_together
-from tests.test_dashboard import as_user, make_checkpoint, make_run
-from tests.test_dashboard_recovery import with_replica
+from tests.support.celery_workers import queued_tasks
+from tests.support.concurrency import run_together
+from tests.support.dashboard import as_user, make_checkpoint, make_run, with_replica
 from webapp.domain.models import Event, Validation
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]

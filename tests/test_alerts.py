@@ -13,7 +13,7 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from tests.conftest import event, saved
+from tests.support.events import event, saved
 from webapp.domain.health import alerts, delivery
 from webapp.domain.models import Checkpoint, Run
 from webapp.domain.models.alerts import AlertChannel, Flip, Notification

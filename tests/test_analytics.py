@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.conftest import T0, saved
+from tests.support.events import T0, saved
 from webapp.domain.health import analytics
 
 

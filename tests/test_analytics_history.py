@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.conftest import member
-from tests.test_dashboard import as_user
+from tests.support.dashboard import as_user
+from tests.support.people import member
 from webapp.domain.health import analytics
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]

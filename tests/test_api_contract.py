@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, WebServer, saved
+from tests.support.events import saved
+from tests.support.servers import ROOT, WebServer
 from webapp.domain.models.projects import Scope
 
 pytestmark = pytest.mark.django_db(transaction=True)

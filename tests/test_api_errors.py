@@ -9,7 +9,7 @@ import json
 import pytest
 from django.test import Client
 
-from tests.test_dashboard import make_checkpoint, make_run
+from tests.support.dashboard import make_checkpoint, make_run
 
 pytestmark = pytest.mark.django_db
 

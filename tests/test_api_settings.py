@@ -6,13 +6,11 @@ non-admin refused, hostile values refused with a clear 4xx, nothing secret in an
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from django.test import Client
 
-from tests.conftest import member
-from tests.test_dashboard import make_checkpoint, make_run
+from tests.support.api_settings import Admin, audit_lines, error_of
+from tests.support.dashboard import make_checkpoint, make_run
+from tests.support.people import member
 from webapp.domain.models import (
     ApiToken,
     Event,
@@ -28,47 +26,9 @@ from webapp.domain.models.alerts import AlertChannel
 pytestmark = pytest.mark.django_db
 
 
-class Admin:
-    """The API with one token of `project` (scopes as given)."""
-
-    def __init__(self, project, scopes=("admin",), name="boss"):
-        self.token, self.secret = project.issue_token(name, list(scopes))
-        self.client = Client()
-
-    def call(self, method: str, path: str, body=None):
-        return getattr(self.client, method)(
-            f"/api/v1/settings{path}",
-            data=json.dumps(body) if body is not None else "",
-            content_type="application/json",
-            HTTP_AUTHORIZATION=f"Bearer {self.secret}",
-        )
-
-    def get(self, path):
-        return self.call("get", path)
-
-    def post(self, path, body):
-        return self.call("post", path, body)
-
-    def patch(self, path, body):
-        return self.call("patch", path, body)
-
-    def delete(self, path):
-        return self.call("delete", path)
-
-
 @pytest.fixture
 def boss(project) -> Admin:
     return Admin(project)
-
-
-def error_of(response) -> str:
-    return response.json()["error"]
-
-
-def audit_lines(project) -> list[tuple[str, str, str]]:
-    return list(Event.objects.filter(project=project).order_by("pk").values_list(
-        "type", "actor", "message"
-    ))  # fmt: skip
 
 
 # --- Tokens ---------------------------------------------------------------------------------

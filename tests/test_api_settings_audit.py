@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import member
-from tests.test_api_settings import Admin, audit_lines, error_of
-from tests.test_dashboard import as_user
+from tests.support.api_settings import Admin, audit_lines, error_of
+from tests.support.dashboard import as_user
+from tests.support.people import member
 from webapp.domain.models import ApiToken, Event, LaunchProfile, Project
 
 pytestmark = pytest.mark.django_db

@@ -10,8 +10,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from tests.conftest import member
-from tests.test_dashboard import as_user
+from tests.support.dashboard import as_user
+from tests.support.people import member
 from webapp.domain.health import badges
 from webapp.domain.models import Event, Project
 

@@ -14,8 +14,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests import test_browser as base
-from tests.test_browser import person, sign_in
+from tests.support.browser import person, sign_in
 from webapp.domain.models import (
     Checkpoint,
     LaunchProfile,
@@ -26,16 +25,15 @@ from webapp.domain.models import (
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-# The fixtures of tests/test_browser.py: the gunicorn server, the screenshots folder
-# (Chromium, skipped or failed under CI=true without it, is conftest.py's `browser`).
-shots = base.shots
+# The page and screenshots are tests/support/browser.py's; Chromium (skipped, or failed
+# under CI=true, without it) is conftest.py's `browser`.
 
 
 @pytest.fixture(scope="module")
 def web(worker_env):
     # The runs list's refresh, faster than its default (10 s, 30 s for the problems
     # summary), so that seeing it refresh takes seconds.
-    from tests.conftest import WebServer
+    from tests.support.servers import WebServer
 
     server = WebServer(worker_env, RUNS_REFRESH_S="2", PROBLEMS_REFRESH_S="3")
     yield server

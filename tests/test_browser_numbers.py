@@ -3,7 +3,7 @@
 under the cursor and zooms, the app's own 404 page, and the API docs page drawn with
 nothing from outside 127.0.0.1.
 
-Screenshots go to var/screenshots/<test name>/ (tests/test_browser.py's `shots`)."""
+Screenshots go to var/screenshots/<test name>/ (tests/support/browser.py's `shots`)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests import test_browser
-from tests.conftest import ROOT, WebServer
-from tests.test_browser import person, sign_in
+from tests.support.browser import person, sign_in
+from tests.support.servers import ROOT, WebServer
 from webapp.domain.models import Checkpoint, MetricPoint, Run
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-# A page and screenshots as tests/test_browser.py gives them; the browser is conftest.py's.
-page, shots = test_browser.page, test_browser.shots
+# The page and screenshots are tests/support/browser.py's; the browser is conftest.py's.
 RAW_FLOAT = re.compile(r"\d\.\d{6,}")
 
 

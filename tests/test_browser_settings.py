@@ -15,14 +15,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
-from tests.test_browser import (  # noqa: F401 (fixtures)
-    PASSWORD,
-    checkpoint_on_disk,
-    person,
-    shots,
-    sign_in,
-    web,
-)
+from tests.support.browser import PASSWORD, person, sign_in
 from webapp.domain.models import (
     AlertChannel,
     ApiToken,

@@ -17,9 +17,9 @@ import pytest
 from django.utils import timezone
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from tests.conftest import ROOT
-from tests.test_dashboard import as_user, make_run
-from tests.test_outbound import REFUSED, Receiver, standard_webhooks_ok
+from tests.support.dashboard import as_user, make_run
+from tests.support.servers import ROOT
+from tests.support.webhooks import REFUSED, standard_webhooks_ok
 from webapp.domain import channels
 from webapp.domain.channels import signing
 from webapp.domain.channels.http_post import post
@@ -34,19 +34,6 @@ def local_receivers_allowed(settings):
     """The receivers listen on 127.0.0.1, which the deployment must allow
     (webapp/domain/outbound.py)."""
     settings.OUTBOUND_ALLOW = ["127.0.0.1"]
-
-
-@pytest.fixture
-def receivers():
-    made = []
-
-    def make(**kwargs) -> Receiver:
-        made.append(Receiver(**kwargs))
-        return made[-1]
-
-    yield make
-    for receiver in made:
-        receiver.close()
 
 
 def flip_for(project, message="Run r failed (exit code 1)", kind="run.failed", run=None):

@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.conftest import SHA, event, queued_tasks, saved
+from tests.support.celery_workers import queued_tasks
+from tests.support.events import SHA, event, saved
 from webapp.domain import parts_deadline
 from webapp.domain.models import Checkpoint, CheckpointPart, Event
 

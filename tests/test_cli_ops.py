@@ -16,9 +16,10 @@ import urllib.request
 
 import pytest
 
-from tests.client_support import stop_while_hashing
-from tests.conftest import ROOT, event, free_port, saved, wait_for
-from tests.test_client_latest import replicated, s3_server_env  # noqa: F401 (fixtures)
+from tests.support.cli import cli_env, lifeboat
+from tests.support.client_scripts import stop_while_hashing
+from tests.support.events import event, saved
+from tests.support.servers import ROOT, free_port, wait_for
 from webapp.domain.models import Checkpoint, LaunchProfile, Replica
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,31 +30,6 @@ def stored(replicated):  # noqa: F811 (the fixture imported above)
     """A live server, and run "job" whose step-5 checkpoint (two files) is verified and
     has a verified replica in S3: (server, checkpoint, its directory, files)."""
     return replicated
-
-
-def cli_env(url: str, token: str | None, tmp_path) -> dict:
-    """What the command runs with: nothing of this process's environment but PATH."""
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(tmp_path / "home"),
-        "PYTHONPATH": str(ROOT),
-        "LIFEBOAT_URL": url,
-        "LIFEBOAT_SPOOL_DIR": str(tmp_path / "spool"),
-    }
-    if token:
-        env["LIFEBOAT_TOKEN"] = token
-    return env
-
-
-def lifeboat(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "lifeboat", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def api_get(url: str, token: str, path: str) -> dict:

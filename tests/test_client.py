@@ -12,8 +12,8 @@ import pytest
 
 import lifeboat
 from lifeboat.spool import Spool
-from tests.client_support import run_script
-from tests.conftest import wait_for
+from tests.support.client_scripts import run_script
+from tests.support.servers import wait_for
 from webapp.domain.models import Checkpoint, Event, MetricPoint, Run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]

@@ -10,67 +10,14 @@ from pathlib import Path
 import pytest
 
 import lifeboat
-from tests.client_support import RestartableServer, run_script
-from tests.conftest import saved
+from tests.support.client_scripts import run_script
+from tests.support.events import saved
 from webapp.domain.models import Checkpoint, Replica, StorageTarget
 from webapp.domain.replication import policy
 from workers.replicate import replicate
 from workers.validate import validate_checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def s3_server_env(worker_env, s3):
-    """A Lifeboat web server that can presign URLs for the test S3 server."""
-    web = RestartableServer(
-        {
-            **worker_env,
-            "S3_ENDPOINT_URL": s3.endpoint,
-            "S3_ACCESS_KEY_ID": s3.key,
-            "S3_SECRET_ACCESS_KEY": s3.secret,
-        }
-    )
-    web.start()
-    yield web
-    web.stop()
-
-
-@pytest.fixture
-def replicated(s3_server_env, s3, token, project, tmp_path):
-    """A run whose step-5 checkpoint (a directory of two files) is verified and has a
-    verified replica; returns (server, checkpoint, its directory, files)."""
-    root = tmp_path / "ckpts"
-    directory = root / "job" / "step-5"
-    (directory / "shard").mkdir(parents=True)
-    files = {"model.bin": b"m" * 3_000_000, "shard/optim.bin": bytes(range(256)) * 4000}
-    for name, data in files.items():
-        (directory / name).write_bytes(data)
-    project.allowed_roots = [str(root)]
-    project.save()
-    with lifeboat.Run(
-        "job",
-        url=s3_server_env.url,
-        token=token,
-        spool_dir=tmp_path / "spool",
-        handle_signals=False,
-    ) as run:
-        run.checkpoint(directory, step=5).wait(30)
-    checkpoint = Checkpoint.objects.get(run__key="job", step=5)
-    validate_checkpoint(checkpoint.pk)
-    checkpoint.refresh_from_db()
-    assert checkpoint.status == "verified", checkpoint.status_message
-    target = StorageTarget.objects.create(
-        project=project,
-        name="backup",
-        bucket=s3.bucket,
-        prefix=f"latest-{uuid.uuid4().hex[:6]}",
-        endpoint_url=s3.endpoint,
-    )
-    (replica_id,) = policy.request(checkpoint, [target], by_policy=False)
-    replicate(replica_id)
-    assert Replica.objects.get(pk=replica_id).status == "verified"
-    return s3_server_env, checkpoint, directory, files
 
 
 def env_for(server, token, tmp_path) -> dict:

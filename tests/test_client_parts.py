@@ -20,13 +20,9 @@ import pytest
 import lifeboat
 import lifeboat.torch
 from lifeboat.parts import own_files, part_host, rank_of_name
-from tests.client_support import kill_while_hashing, run_script
-from tests.conftest import ROOT
-from tests.test_integrations import (  # noqa: F401 (fixtures)
-    job_env,
-    lifeboat_stack,
-    verified_steps,
-)
+from tests.support.client_scripts import kill_while_hashing, run_script
+from tests.support.client_stack import verified_steps
+from tests.support.servers import ROOT
 from webapp.domain.models import Checkpoint, Event
 
 # The tests that talk to the live server (the pure ones below need no database).
@@ -289,15 +285,15 @@ def test_the_hf_trainer_on_two_processes_reports_a_part_from_each(job_env, tmp_p
 def test_the_lightning_callback_on_two_ranks_reports_parts_of_a_folder_and_a_file_whole(
     job_env, tmp_path
 ):
-    torchrun_2(["tests/lightning_parts_job.py", "pl-sharded", str(tmp_path / "ckpt" / "s"),
-                "sharded"], job_env)  # fmt: skip
+    torchrun_2(["tests/support/jobs/lightning_parts_job.py", "pl-sharded",
+                str(tmp_path / "ckpt" / "s"), "sharded"], job_env)  # fmt: skip
     steps = verified_steps("pl-sharded", 2)
     assert sorted(steps) == [2, 4]  # 2 epochs of 64 samples, batches of 16 on each of 2
     assert files_by_rank(steps[4]) == {0: ["rank-0.pt"], 1: ["rank-1.pt"]}
     assert steps[4].parts.count() == 2
     # DDP's .ckpt: rank 0 writes it alone, and reports it whole.
-    torchrun_2(["tests/lightning_parts_job.py", "pl-file", str(tmp_path / "ckpt" / "f"),
-                "file"], job_env)  # fmt: skip
+    torchrun_2(["tests/support/jobs/lightning_parts_job.py", "pl-file",
+                str(tmp_path / "ckpt" / "f"), "file"], job_env)  # fmt: skip
     steps = verified_steps("pl-file", 2)
     assert steps[4].world_size is None and not steps[4].parts.exists()
     assert steps[4].location.endswith("epoch=1-step=4.ckpt")

@@ -17,8 +17,8 @@ import pytest
 
 from lifeboat.config import Config
 from lifeboat.spool import Spool
-from tests.client_support import kill_while_hashing, run_script, stop_while_hashing
-from tests.conftest import ROOT, wait_for
+from tests.support.client_scripts import kill_while_hashing, run_script, stop_while_hashing
+from tests.support.servers import ROOT, wait_for
 from webapp.domain.models import Checkpoint, Event
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,7 +10,7 @@ import pytest
 
 import lifeboat
 from lifeboat.watch import Watcher, step_of
-from tests.conftest import wait_for
+from tests.support.servers import wait_for
 from webapp.domain.models import Checkpoint, Event
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -183,7 +183,7 @@ def test_with_the_world_size_each_nodes_watcher_reports_the_parts_of_its_ranks(
 
 
 def test_the_cli_watches_once_and_exits(server, token, root, tmp_path):
-    from tests.client_support import run_script
+    from tests.support.client_scripts import run_script
 
     (root / "step-5.pt").write_bytes(b"z" * 777)
     time.sleep(0.3)

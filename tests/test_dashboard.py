@@ -11,6 +11,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from tests.support.dashboard import as_user, make_checkpoint, make_run
 from webapp.domain.models import (
     ApiToken,
     Checkpoint,
@@ -24,26 +25,6 @@ from webapp.domain.models import (
 from webapp.domain.models.runs import Health
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
-
-
-def make_run(project, key: str, **fields) -> Run:
-    fields.setdefault("last_seen_at", timezone.now())
-    return Run.objects.create(project=project, key=key, **fields)
-
-
-def make_checkpoint(run, step: int, status: str = "verified", **fields) -> Checkpoint:
-    fields.setdefault("saved_at", timezone.now())
-    fields.setdefault("total_size", 1000)
-    fields.setdefault("save_seconds", 1.0)
-    return Checkpoint.objects.create(
-        project=run.project, run=run, step=step, status=status, location=f"/data/{step}", **fields
-    )
-
-
-def as_user(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 # --- Roles and actions ------------------------------------------------------------------
@@ -72,7 +53,7 @@ def test_a_viewer_is_refused_every_action_server_side(project, viewer):
 
 @pytest.mark.django_db(transaction=True)
 def test_an_operator_validates_and_the_request_is_queued_and_audited(project, operator, queues):
-    from tests.conftest import queued_tasks
+    from tests.support.celery_workers import queued_tasks
 
     checkpoint = make_checkpoint(make_run(project, "r"), 10, status="reported")
     response = as_user(operator).post(

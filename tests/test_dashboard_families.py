@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.test_dashboard import as_user, make_checkpoint, make_run
+from tests.support.dashboard import as_user, make_checkpoint, make_run
 from webapp.domain.models import Checkpoint, LaunchProfile, Replica, Resume, StorageTarget
 
 pytestmark = pytest.mark.django_db

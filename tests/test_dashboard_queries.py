@@ -9,8 +9,8 @@ import re
 import pytest
 from django.utils import timezone
 
-from tests.conftest import SHA
-from tests.test_dashboard import as_user, make_checkpoint, make_run
+from tests.support.dashboard import as_user, make_checkpoint, make_run
+from tests.support.events import SHA
 from webapp.domain.models import (
     Checkpoint,
     CheckpointFile,

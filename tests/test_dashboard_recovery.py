@@ -12,32 +12,17 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from tests.test_dashboard import as_user, make_checkpoint, make_run
+from tests.support.dashboard import as_user, make_checkpoint, make_run, profile, with_replica
 from webapp.domain.models import (
     Checkpoint,
     CheckpointFile,
     Event,
     LaunchProfile,
-    Replica,
     Resume,
-    StorageTarget,
     Validation,
 )
 
 pytestmark = pytest.mark.django_db
-
-
-def with_replica(checkpoint, status: str = "verified") -> Replica:
-    target, _ = StorageTarget.objects.get_or_create(
-        project=checkpoint.project, name="backup", defaults={"bucket": "b"}
-    )
-    return Replica.objects.create(checkpoint=checkpoint, target=target, status=status)
-
-
-def profile(project, name: str = "local-echo", template: str = "echo resumed {{checkpoint_id}}"):
-    return LaunchProfile.objects.create(
-        project=project, name=name, kind="local", command_template=template
-    )
 
 
 # --- Restore test -----------------------------------------------------------------------
@@ -47,7 +32,7 @@ def profile(project, name: str = "local-echo", template: str = "echo resumed {{c
 def test_an_operator_asks_for_a_restore_test_and_it_is_queued_and_audited(
     project, operator, queues
 ):
-    from tests.conftest import queued_tasks
+    from tests.support.celery_workers import queued_tasks
 
     checkpoint = make_checkpoint(make_run(project, "r"), 10)
     with_replica(checkpoint)
@@ -173,7 +158,7 @@ def test_the_resume_confirmation_shows_the_exact_command(project, operator):
 
 @pytest.mark.django_db(transaction=True)
 def test_an_operator_confirms_a_resume_and_it_is_queued_and_audited(project, operator, queues):
-    from tests.conftest import queued_tasks
+    from tests.support.celery_workers import queued_tasks
 
     checkpoint = make_checkpoint(make_run(project, "r"), 10)
     chosen = profile(project)

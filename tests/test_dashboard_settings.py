@@ -13,8 +13,8 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from tests.conftest import member
-from tests.test_dashboard import as_user, make_checkpoint, make_run
+from tests.support.dashboard import as_user, make_checkpoint, make_run
+from tests.support.people import member
 from webapp.domain.launch import template
 from webapp.domain.models import (
     ApiToken,
@@ -287,7 +287,7 @@ def test_an_alert_channel_with_notifications_is_kept_disabled(project, admin):
 def test_a_running_resume_is_cancelled_from_its_row(
     project, operator, viewer, queues, django_capture_on_commit_callbacks
 ):
-    from tests.conftest import queued_tasks
+    from tests.support.celery_workers import queued_tasks
 
     run = make_run(project, "r")
     checkpoint = make_checkpoint(run, 10)

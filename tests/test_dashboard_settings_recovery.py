@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from tests.test_dashboard import as_user, make_run
-from tests.test_dashboard_recovery import profile
+from tests.support.dashboard import as_user, make_run, profile
 from webapp.domain.models import AlertChannel, Event
 from webapp.domain.models.alerts import Flip, Notification
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import lifeboat
-from tests.conftest import ROOT
+from tests.support.servers import ROOT
 
 CLIENT = "lifeboat-ckpt-client"
 SERVER = "lifeboat-ckpt-server"

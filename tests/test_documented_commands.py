@@ -1,5 +1,5 @@
 """The commands and snippets of the README and docs/*.md, run the documented way against a
-live `make run` stack (tests/stack_support.py): taken from the markdown files themselves,
+live `make run` stack (tests/support/documented_stack.py): taken from the markdown files themselves,
 so a doc cannot drift from the code. Issue 21, items 2 and 3."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 import boto3
 import pytest
 
-from tests.stack_support import (
+from tests.support.documented_stack import (
     BIN,
     ROOT,
     Stack,
@@ -31,7 +31,6 @@ from tests.stack_support import (
     run_documented,
     users_environment,
 )
-from tests.test_slurm import slurm_cluster  # noqa: F401 (a fixture)
 
 README = "README.md"
 

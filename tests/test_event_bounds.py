@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.conftest import event, member, saved
+from tests.support.events import event, saved
+from tests.support.people import member
 from webapp.domain.health import badges
 from webapp.domain.ingest import event_schema as bounds
 from webapp.domain.models import Run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import event, saved
+from tests.support.events import event, saved
 from webapp.domain.models import Checkpoint, Run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]

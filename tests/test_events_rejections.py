@@ -7,7 +7,7 @@ import json
 import pytest
 from django.test import override_settings
 
-from tests.conftest import event, saved
+from tests.support.events import event, saved
 from webapp.domain.models import Checkpoint, Event, Run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import SHA, at, event, saved
+from tests.support.events import SHA, at, event, saved
 from webapp.domain.models import Checkpoint, CheckpointFile, Event, MetricPoint, Run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]

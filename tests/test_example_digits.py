@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, wait_for
+from tests.support.servers import ROOT, wait_for
 from webapp.domain.health import goodput
 from webapp.domain.models import Checkpoint, Event, Run
 

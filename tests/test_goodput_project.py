@@ -13,10 +13,10 @@ import pytest
 from django.db.models import F
 from django.test import override_settings
 
-from tests.conftest import start_worker, stop_worker
-from tests.test_cli_ops import cli_env, lifeboat
-from tests.test_dashboard import as_user
-from tests.test_goodput import ONE_FAILURE, attempt, checkpoint_of, goodput, post
+from tests.support.celery_workers import start_worker, stop_worker
+from tests.support.cli import cli_env, lifeboat
+from tests.support.dashboard import as_user
+from tests.support.goodput import ONE_FAILURE, attempt, checkpoint_of, goodput, post
 from webapp.domain import publish
 from webapp.domain.health import goodput_report, goodput_store
 from webapp.domain.models import Event, RunGoodput

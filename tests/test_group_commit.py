@@ -13,7 +13,10 @@ from concurrent.futures import TimeoutError as Timeout
 import pytest
 from django.db import connection
 
-from tests.conftest import WebServer, queued_tasks, run_together, saved, wait_for
+from tests.support.celery_workers import queued_tasks
+from tests.support.concurrency import run_together
+from tests.support.events import saved
+from tests.support.servers import WebServer, wait_for
 from webapp.domain.ingest.group_commit import GroupCommitter, _Request, apply_group
 from webapp.domain.models import Checkpoint, CheckpointFile, Event, Project
 

@@ -8,7 +8,8 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from tests.conftest import Api, event, saved
+from tests.support.api_client import Api
+from tests.support.events import event, saved
 from webapp.domain.models import Checkpoint, Event, MetricPoint, Run
 
 pytestmark = pytest.mark.sqlite

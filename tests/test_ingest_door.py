@@ -12,7 +12,8 @@ import sys
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from tests.conftest import call_asgi, event, saved
+from tests.support.api_client import call_asgi
+from tests.support.events import event, saved
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
@@ -188,7 +189,7 @@ def test_the_served_application_under_gunicorn(project, worker_env):
     import re
     import socket
 
-    from tests.conftest import WebServer
+    from tests.support.servers import WebServer
     from webapp.domain.models import Event
 
     token = project.issue_token("t", ["ingest", "read"])[1]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from tests.conftest import saved
+from tests.support.events import saved
 from webapp.domain.models import Checkpoint
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import math
 import zipfile
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.fixtures_checkpoints import (
+from tests.support.checkpoint_files import (
     TouchOnLoad,
     flip_byte,
     safetensors_bytes,
@@ -24,23 +23,11 @@ from tests.fixtures_checkpoints import (
     truncate,
     write_safetensors,
 )
-from webapp.domain.validation import inspect_child
-
-
-def check(base: Path, files: list[str], format_hint: str = "") -> dict:
-    """The child's check, run in this process."""
-    request = {"base": str(base), "files": files, "single_file": len(files) == 1}
-    return inspect_child.inspect({**request, "format_hint": format_hint})
+from tests.support.inspector import check, only
 
 
 def codes(result: dict) -> list[str]:
     return [f["code"] for f in result["findings"]]
-
-
-def only(result: dict, code: str) -> dict:
-    matching = [f for f in result["findings"] if f["code"] == code]
-    assert len(matching) == 1, result["findings"]
-    return matching[0]
 
 
 # --------------------------------------------------------------------------- torch files

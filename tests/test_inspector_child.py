@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.fixtures_checkpoints import (
+from tests.support.checkpoint_files import (
     SystemOnLoad,
     TouchOnLoad,
     relative_files,
@@ -25,7 +25,7 @@ from tests.fixtures_checkpoints import (
     save_torch,
     small_state_dict,
 )
-from tests.test_inspector import check, only
+from tests.support.inspector import check, only
 from webapp.domain.validation import inspect_child, inspector
 from webapp.domain.validation.inspector import inspect_checkpoint
 

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from tests.fixtures_checkpoints import (
+from tests.support.checkpoint_files import (
     AttributeDict,
     SystemOnLoad,
     TouchOnLoad,
@@ -22,7 +22,7 @@ from tests.fixtures_checkpoints import (
     small_state_dict,
     truncate,
 )
-from tests.test_inspector import check, only
+from tests.support.inspector import check, only
 
 # --------------------------------------------------------------------------- DCP
 
@@ -163,7 +163,7 @@ def test_a_lightning_checkpoint_passes(tmp_path):
         # A class from anywhere else: suspicious.
         (
             AttributeDict(lr=0.01, layers=2),
-            "tests.fixtures_checkpoints.AttributeDict",
+            "tests.support.checkpoint_files.AttributeDict",
             "suspicious",
         ),
     ],

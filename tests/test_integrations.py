@@ -7,7 +7,6 @@ but not run (docs/integrations/deepspeed.md says why)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -17,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, start_worker, stop_worker, wait_for
-from tests.test_slurm import slurm_cluster  # noqa: F401 (the session fixture)
+from tests.support.client_stack import verified_steps
+from tests.support.servers import ROOT, wait_for
 
 PAGES = {
     "torch.md": ["examples/torch_loop.py"],
@@ -75,36 +74,6 @@ def test_every_page_is_listed_and_every_listed_page_exists():
 # -- the examples, run against a live Lifeboat -------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def lifeboat_stack(worker_env, tmp_path_factory):
-    """One web server and one validate worker for the whole module (each example is a
-    job of its own; starting them per test would double the module's time)."""
-    from tests.client_support import RestartableServer
-
-    web = RestartableServer(worker_env)
-    web.start()
-    worker = start_worker(worker_env, "validate", tmp_path_factory.mktemp("worker") / "log")
-    yield web
-    stop_worker(worker)
-    web.stop()
-
-
-@pytest.fixture
-def job_env(lifeboat_stack, token, project, tmp_path) -> dict:
-    """The environment of a training job: where Lifeboat is, its token, its own spool;
-    its checkpoints go under tmp_path/ckpt, an allowed root of the project."""
-    project.allowed_roots = [str(tmp_path / "ckpt")]
-    project.save()
-    return {
-        **os.environ,
-        "LIFEBOAT_URL": lifeboat_stack.url,
-        "LIFEBOAT_TOKEN": token,
-        "LIFEBOAT_SPOOL_DIR": str(tmp_path / "spool"),
-        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-        "OMP_NUM_THREADS": "1",
-    }
-
-
 def run_example(args: list[str], env: dict, tmp_path, timeout: float = 120) -> str:
     done = subprocess.run(
         args + ["--checkpoint-dir", str(tmp_path / "ckpt")],
@@ -117,25 +86,6 @@ def run_example(args: list[str], env: dict, tmp_path, timeout: float = 120) -> s
 def torchrun(script: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node", "2", script]  # fmt: skip
-
-
-def verified_steps(run_key: str, count: int, timeout: float = 60) -> dict[int, object]:
-    """Wait until the run has `count` checkpoints and all are verified; {step: row}."""
-    from webapp.domain.models import Checkpoint
-
-    def settled():
-        rows = list(Checkpoint.objects.filter(run__key=run_key))
-        done = len(rows) == count and all(c.status == "verified" for c in rows)
-        return done and rows
-
-    try:
-        rows = wait_for(settled, timeout, interval=0.2)
-    except AssertionError:
-        found = Checkpoint.objects.filter(run__key=run_key).values_list(
-            "step", "status", "status_message"
-        )
-        raise AssertionError(f"{run_key}: wanted {count} verified, found {list(found)}") from None
-    return {c.step: c for c in rows}
 
 
 def resumed_from(run_key: str):

@@ -7,21 +7,20 @@ operators only; automatic resumes are bounded per project."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 
 import pytest
 
-from tests.conftest import event, member, saved
-from tests.test_dashboard import as_user, make_checkpoint, make_run
-from tests.test_slurm import slurm_cluster  # noqa: F401 (a fixture, asked for by name)
+from tests.support.dashboard import as_user, make_checkpoint, make_run
+from tests.support.events import event, saved
+from tests.support.launch import verified_checkpoint
+from tests.support.people import member
 from webapp.domain.health import alerts
 from webapp.domain.models import (
     ApiToken,
     Checkpoint,
-    CheckpointFile,
     Event,
     LaunchProfile,
     Project,
@@ -76,23 +75,6 @@ def follow_until_done(resume_id: int, timeout: float = 60) -> Resume:
         resumes.follow(resume)
         time.sleep(0.3)
     raise AssertionError(f"resume {resume_id} did not end: {resume.status}")
-
-
-def verified_checkpoint(project, run_key: str, folder, step: int = 7) -> Checkpoint:
-    """A verified checkpoint whose one file really is on disk, whole: preparing it for a
-    resume finds it so and goes on to launch."""
-    folder.mkdir(parents=True, exist_ok=True)
-    data = b"weights" * 100
-    (folder / "model.pt").write_bytes(data)
-    run = make_run(project, run_key)
-    checkpoint = make_checkpoint(run, step, file_count=1, total_size=len(data))
-    Checkpoint.objects.filter(pk=checkpoint.pk).update(location=str(folder))
-    checkpoint.refresh_from_db()
-    CheckpointFile.objects.create(
-        checkpoint=checkpoint, path="model.pt", size=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
-    )  # fmt: skip
-    return checkpoint
 
 
 # --- 1. values never become code ------------------------------------------------------------
@@ -365,7 +347,7 @@ def test_a_jobs_output_is_redacted_and_shown_to_operators_only(
 def test_many_run_keys_failing_launch_a_bounded_number_of_jobs(
     api, token, project, queues, settings
 ):
-    from tests.conftest import queued_tasks
+    from tests.support.celery_workers import queued_tasks
 
     settings.AUTO_RESUME_MAX_ACTIVE = 2
     settings.AUTO_RESUME_MAX_PER_HOUR = 3

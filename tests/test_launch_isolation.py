@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_launch_hostile import verified_checkpoint
-from tests.test_restore_levels import digits  # noqa: F401 (a fixture, asked for by name)
+from tests.support.launch import verified_checkpoint
 from webapp.domain.models import LaunchProfile, Resume
 from webapp.domain.recovery import resume as resumes
 from workers.launch import follow_resume, launch_resume
@@ -167,7 +166,7 @@ def test_a_job_user_that_is_root_or_missing_is_refused(project, settings):
 @pytest.fixture
 def digits_probed(request, project):
     checkpoint = request.getfixturevalue("digits")  # trained for real: tests/test_restore_levels
-    project.restore_checks = {"forward": "tests.restore_probe:forward"}
+    project.restore_checks = {"forward": "tests.support.restore_probe:forward"}
     project.save()
     return checkpoint
 
@@ -175,7 +174,7 @@ def digits_probed(request, project):
 def test_a_restore_check_of_the_projects_code_runs_as_its_job_user(
     digits_probed, project, s3, job_user, settings, queues
 ):
-    from tests.test_restore_levels import restore, verified_with_replica
+    from tests.support.restore_levels import restore, verified_with_replica
 
     settings.LAUNCH_RUN_AS = [f"*={JOB_USER}"]
     settings.LAUNCH_LOCAL_SAME_USER = False

@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ValidationError
 
-from tests.test_launch_hostile import verified_checkpoint
-from tests.test_slurm import slurm_cluster  # noqa: F401 (a fixture, asked for by name)
+from tests.support.launch import verified_checkpoint
 from webapp.dashboard.settings_views import LaunchProfileForm
 from webapp.domain.launch import slurm
 from webapp.domain.models import LaunchProfile

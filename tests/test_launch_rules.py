@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import member
-from tests.test_dashboard import as_user, make_checkpoint, make_run
+from tests.support.dashboard import as_user, make_checkpoint, make_run
+from tests.support.people import member
 from webapp.domain.models import LaunchProfile, Resume
 
 ACCEPTED = [

@@ -1,4 +1,4 @@
-"""Checkpoints made by the real libraries with their defaults (tests/library_checkpoints.py)
+"""Checkpoints made by the real libraries with their defaults (tests/support/library_checkpoints.py)
 go through the real validate task: every one is verified, with no corrupt or suspicious
 finding; the same checkpoint with one NaN planted in a weight, or in optimizer state, is
 corrupt and the finding names the tensor by its path."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import library_checkpoints as lib
-from tests.conftest import saved
+from tests.support import library_checkpoints as lib
+from tests.support.events import saved
 from webapp.domain.models import Checkpoint
 from workers.validate import validate_checkpoint
 

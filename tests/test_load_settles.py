@@ -19,7 +19,7 @@ import pytest
 from django.db import connection
 
 from bench.load_stack import Load, LoadStack, progress, settle
-from tests.servers import wait_for
+from tests.support.servers import wait_for
 from webapp.domain.models import Event, StorageTarget
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]

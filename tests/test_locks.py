@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.db import connection, connections, transaction
 
-from tests.test_replication import make_checkpoint
+from tests.support.replication import make_checkpoint
 from webapp.domain.ingest.bulk_select import select_locked
 from webapp.domain.locks import for_update
 from webapp.domain.models import Checkpoint, Event, Project, Replica, Run, StorageTarget

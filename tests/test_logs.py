@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from tests.conftest import saved, start_worker, stop_worker, wait_for
+from tests.support.celery_workers import start_worker, stop_worker
+from tests.support.events import saved
+from tests.support.servers import wait_for
 from webapp.domain.models import Checkpoint
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from bench import corpus as corpus_writer
-from tests.conftest import ROOT, start_worker, stop_worker, wait_for
+from tests.support.celery_workers import start_worker, stop_worker
+from tests.support.servers import ROOT, wait_for
 from webapp.domain.models import Checkpoint, Event, ValidationPart
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -280,7 +281,7 @@ def test_an_8_rank_torchrun_job_on_3_hosts_is_checked_where_each_part_is(
     """The whole path: FSDP with DCP under torchrun, 8 ranks (gloo), each rank in its
     host's namespace writing to that host's disk and reporting its own part
     (--report-parts); every part checked on its host."""
-    from tests.client_support import RestartableServer
+    from tests.support.client_scripts import RestartableServer
 
     web = RestartableServer(cluster["env"])
     web.start()

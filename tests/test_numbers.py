@@ -16,8 +16,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from lifeboat.units import format_number, format_seconds, human_size
-from tests.conftest import ROOT
-from tests.test_dashboard import as_user, make_checkpoint, make_run
+from tests.support.dashboard import as_user, make_checkpoint, make_run
+from tests.support.servers import ROOT
 from webapp.domain.models import Event, MetricPoint
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import member, queued_tasks
-from tests.test_dashboard import as_user, make_checkpoint, make_run
-from tests.test_dashboard_recovery import profile, with_replica
+from tests.support.celery_workers import queued_tasks
+from tests.support.dashboard import as_user, make_checkpoint, make_run, profile, with_replica
+from tests.support.people import member
 from webapp.dashboard.recovery_views import template_digest
 from webapp.domain.models import Event, Project, Replica, Resume, StorageTarget, Validation
 from webapp.domain.publish import QUEUES

@@ -14,7 +14,7 @@ import random
 import pytest
 
 from lifeboat.restore import fetch_replica
-from tests.test_replication import MiB, make_checkpoint, make_target, replicate_now
+from tests.support.replication import MiB, make_checkpoint, make_target, replicate_now
 from webapp.domain.models import Replica, RetentionPolicy
 from webapp.domain.replication import targets
 from webapp.domain.replication.restore import RestoreError, restore_replica

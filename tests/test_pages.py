@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 
-from tests.conftest import event, saved
+from tests.support.events import event, saved
 from webapp.domain.models import Membership
 
 pytestmark = pytest.mark.django_db

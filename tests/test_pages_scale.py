@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from tests.test_dashboard import as_user, make_checkpoint, make_run
+from tests.support.dashboard import as_user, make_checkpoint, make_run
 from webapp.domain.models import Checkpoint, MetricPoint, Run, RunStats
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
@@ -89,7 +89,7 @@ def test_run_totals_follow_every_write_of_a_checkpoint(project):
 
 
 def test_a_checkpoint_saved_through_the_api_counts_at_once(api, token, project):
-    from tests.conftest import event, saved
+    from tests.support.events import event, saved
 
     api.post_events(token, event("run.started", run="exp/1"))
     batch = {"events": [saved(run="exp/1", step=10), saved(run="exp/1", step=20)]}

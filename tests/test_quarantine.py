@@ -1,6 +1,6 @@
 """Recovery that never loops (docs/restore.md, "Quarantine and restart loops"), with real
-jobs: tests/quarantine_job.py launched by automatic resumes through the `local` profile,
-reporting to a live Lifeboat with the real client. A checkpoint that jobs die right
+jobs: tests/support/jobs/quarantine_job.py launched by automatic resumes through the
+`local` profile, reporting to a live Lifeboat with the real client. A checkpoint that jobs die right
 after loading is quarantined, and the next resume falls back to the one before; a job
 that fails the same way whatever it resumes from stops after the project's number of
 attempts, with one alert; a Slurm job preempted by the scheduler's signal is resumed
@@ -16,9 +16,9 @@ import sys
 import pytest
 from django.urls import reverse
 
-from tests.conftest import ROOT, event, wait_for
-from tests.test_resume import follow_until_done
-from tests.test_slurm import slurm_cluster  # noqa: F401 (a fixture, asked for by name)
+from tests.support.events import event
+from tests.support.resume import follow_until_done
+from tests.support.servers import ROOT, wait_for
 from webapp.domain.health import alerts, analytics
 from webapp.domain.launch import slurm
 from webapp.domain.models import Checkpoint, Event, LaunchProfile, Resume, Run
@@ -28,12 +28,12 @@ from workers.validate import validate_checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-JOB = ROOT / "tests" / "quarantine_job.py"
+JOB = ROOT / "tests" / "support" / "jobs" / "quarantine_job.py"
 
 
 @pytest.fixture
 def launcher(server, project, tmp_path, settings):
-    """Automatic resume through the `local` profile, launching tests/quarantine_job.py
+    """Automatic resume through the `local` profile, launching tests/support/jobs/quarantine_job.py
     from a checkpoint: profile(bad) makes it fail right after loading the steps `bad`
     names (a step, "all", or "none")."""
     settings.VAR_DIR = tmp_path / "var"

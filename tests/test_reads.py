@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from tests.conftest import event, saved
+from tests.support.events import event, saved
 from webapp.domain.models import Checkpoint, Event, Replica, StorageTarget
 
 pytestmark = pytest.mark.django_db

@@ -13,15 +13,23 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from tests.conftest import free_port, queued_tasks
-from webapp.domain.models import Checkpoint, CheckpointFile, Event, Replica, Run, StorageTarget
+from tests.support.celery_workers import queued_tasks
+from tests.support.replication import (
+    PREFIX,
+    MiB,
+    make_checkpoint,
+    make_target,
+    objects,
+    open_uploads,
+    replicate_now,
+)
+from tests.support.servers import free_port
+from webapp.domain.models import Checkpoint, Event, Replica, StorageTarget
 from webapp.domain.replication import policy
 from webapp.domain.replication.restore import RestoreError, restore_replica
 from workers.replicate import replicate
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
-
-MiB = 1024 * 1024
 
 
 @pytest.fixture
@@ -37,68 +45,6 @@ def _own_prefix(monkeypatch):
     # prefix, so that what one finds there is its own.
     global PREFIX
     PREFIX = f"replicas-{uuid.uuid4().hex[:8]}"
-
-
-PREFIX = "replicas"
-
-
-def make_target(project, s3, name: str, **fields) -> StorageTarget:
-    fields.setdefault("bucket", s3.bucket)
-    fields.setdefault("prefix", f"{PREFIX}/{name}")
-    fields.setdefault("endpoint_url", s3.endpoint)
-    return StorageTarget.objects.create(project=project, name=name, **fields)
-
-
-def make_checkpoint(
-    project, root, step: int, files: dict[str, bytes], run: str = "run-1", **fields
-) -> Checkpoint:
-    """A checkpoint as validation leaves it: files on disk, recorded, verified."""
-    run_row, _ = Run.objects.get_or_create(project=project, key=run)
-    directory = root / run / f"step-{step}"
-    for name, data in files.items():
-        (directory / name).parent.mkdir(parents=True, exist_ok=True)
-        (directory / name).write_bytes(data)
-    fields.setdefault("status", "verified")
-    checkpoint = Checkpoint.objects.create(
-        project=project,
-        run=run_row,
-        step=step,
-        location=str(directory),
-        total_size=sum(len(d) for d in files.values()),
-        file_count=len(files),
-        verified_at=timezone.now(),
-        **fields,
-    )
-    CheckpointFile.objects.bulk_create(
-        CheckpointFile(
-            checkpoint=checkpoint,
-            path=name,
-            size=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
-        )
-        for name, data in files.items()
-    )
-    return checkpoint
-
-
-def replicate_now(checkpoint) -> list[Replica]:
-    """Create the checkpoint's replicas as its policies say, and run each task here."""
-    from django.db import transaction
-
-    with transaction.atomic():
-        ids = policy.request(checkpoint)
-    for replica_id in ids:
-        replicate(replica_id)
-    return list(Replica.objects.filter(pk__in=ids).select_related("target").order_by("pk"))
-
-
-def objects(s3, prefix: str) -> dict[str, dict]:
-    listed = s3.client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("Contents", [])
-    return {item["Key"]: item for item in listed}
-
-
-def open_uploads(s3, prefix: str) -> list:
-    return s3.client.list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix).get("Uploads", [])
 
 
 def test_a_checkpoint_is_copied_to_two_targets_with_the_manifest_last(
@@ -292,7 +238,7 @@ def test_policies_choose_what_each_target_receives(project, root, s3, queues):
 
 
 def test_a_verified_checkpoint_is_queued_for_replication(api, token, project, root, s3, queues):
-    from tests.test_validation import report, small_model, write_state
+    from tests.support.validation import report, small_model, write_state
     from workers.validate import validate_checkpoint
 
     target = make_target(project, s3, "main")

@@ -16,8 +16,8 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from tests.conftest import ROOT, free_port, wait_for
-from tests.test_replication import make_checkpoint
+from tests.support.replication import make_checkpoint
+from tests.support.servers import ROOT, free_port, wait_for
 from webapp.domain.models import Replica, StorageTarget
 from webapp.domain.replication import policy
 

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from tests.test_replication import (
+from tests.support.replication import (
     make_checkpoint,
     make_target,
     objects,
@@ -26,11 +26,11 @@ MiB = 1024 * 1024
 
 @pytest.fixture
 def _prefix(monkeypatch):
-    # make_target writes under tests.test_replication.PREFIX: this test's own.
-    import tests.test_replication
+    # make_target writes under tests.support.replication.PREFIX: this test's own.
+    import tests.support.replication
 
     prefix = f"many-{os.urandom(4).hex()}"
-    monkeypatch.setattr(tests.test_replication, "PREFIX", prefix)
+    monkeypatch.setattr(tests.support.replication, "PREFIX", prefix)
     return prefix
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import saved
-from tests.dcp_ranks import save_on_ranks
-from tests.test_restore import damage, replicate_checkpoint, restore
-from tests.test_resume import follow_until_done
+from tests.support.dcp_ranks import save_on_ranks
+from tests.support.events import saved
+from tests.support.restore import damage, replicate_checkpoint, restore
+from tests.support.resume import follow_until_done
 from webapp.domain.models import (
     Checkpoint,
     Event,
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(scope="module")
 def eight_ranks(tmp_path_factory) -> Path:
-    """A DCP folder saved by 8 gloo ranks (tests/dcp_ranks.py), written once."""
+    """A DCP folder saved by 8 gloo ranks (tests/support/dcp_ranks.py), written once."""
     folder = tmp_path_factory.mktemp("dcp8") / "step-7"
     save_on_ranks(folder, 8)
     return folder
@@ -47,7 +47,7 @@ def eight_ranks(tmp_path_factory) -> Path:
 
 def replicated_dcp(source: Path, api, token, project, s3, tmp_path, settings, run="r"):
     """`source` copied under the project's root, reported, verified and replicated."""
-    from tests.test_validation import file_entry
+    from tests.support.validation import file_entry
 
     settings.SCRATCH_DIR = tmp_path / "scratch"
     directory = tmp_path / "ckpts" / run / "step-7"
@@ -225,7 +225,7 @@ def test_a_resume_on_another_world_size_without_a_replica_never_launches(
 ):
     """The load on the new world size runs on bytes that match their sha256, in the
     worker's own folder: from a verified replica. Without one, the job is not started."""
-    from tests.test_validation import file_entry
+    from tests.support.validation import file_entry
 
     settings.VAR_DIR = tmp_path / "var"
     project.allowed_roots = [str(eight_ranks.parent)]
@@ -256,7 +256,7 @@ def test_a_resume_on_another_world_size_without_a_replica_never_launches(
 
 
 def test_validation_names_a_tensor_whose_chunks_leave_a_gap(eight_ranks, tmp_path):
-    from tests.test_inspector import check
+    from tests.support.inspector import check
 
     folder = tmp_path / "gap"
     folder.mkdir()

@@ -16,7 +16,10 @@ import pytest
 import torch
 
 from lifeboat.download import CHUNK
-from tests.conftest import queued_tasks, saved, start_worker, stop_worker, wait_for
+from tests.support.celery_workers import queued_tasks, start_worker, stop_worker
+from tests.support.events import saved
+from tests.support.restore import damage, replicate_checkpoint, restore
+from tests.support.servers import wait_for
 from webapp.domain.models import Checkpoint, Replica, StorageTarget, Validation
 from webapp.domain.recovery import restore_test as rt
 from webapp.domain.replication import policy
@@ -36,36 +39,6 @@ def replicated(api, token, project, s3, tmp_path, settings):
         "optim.pt": {"step": 7, "m": torch.zeros(256)},
     }
     return replicate_checkpoint(files, api, token, project, s3, tmp_path, settings)
-
-
-def replicate_checkpoint(files: dict, api, token, project, s3, tmp_path: Path, settings):
-    """`files` ({name: object to torch.save}) as a verified checkpoint of step 7 with a
-    verified replica on the test S3."""
-    settings.SCRATCH_DIR = tmp_path / "scratch"
-    directory = tmp_path / "ckpts" / "step-7"
-    directory.mkdir(parents=True)
-    for name, obj in files.items():
-        torch.save(obj, directory / name)
-    project.allowed_roots = [str(tmp_path / "ckpts")]
-    project.save()
-    from tests.test_validation import file_entry
-
-    entries = [file_entry(directory / name, name) for name in files]
-    body = saved(run="r", step=7, location=str(directory), files=entries)
-    assert api.post_events(token, body).status_code == 202
-    checkpoint = Checkpoint.objects.get()
-    validate_checkpoint(checkpoint.pk)
-    target = StorageTarget.objects.create(
-        project=project,
-        name="backup",
-        bucket=s3.bucket,
-        prefix=f"restore-{uuid.uuid4().hex[:6]}",
-        endpoint_url=s3.endpoint,
-    )
-    (replica_id,) = policy.request(checkpoint, [target], by_policy=False)
-    replicate(replica_id)
-    assert Replica.objects.get(pk=replica_id).status == "verified"
-    return checkpoint
 
 
 def test_a_good_replica_restores_and_every_phase_is_timed(replicated, queues):
@@ -89,21 +62,6 @@ def test_a_replica_damaged_in_s3_fails_clearly(replicated, s3, queues):
     validation.refresh_from_db()
     assert validation.message.startswith("The replica on backup does not restore:")
     assert "model.pt" in validation.message and "sha256" in validation.message
-
-
-def damage(s3, path: str, offset: int) -> None:
-    """Flips one byte of the replica's object for `path` in S3."""
-    entry = next(e for e in Replica.objects.get().files if e["path"] == path)
-    data = bytearray(s3.client.get_object(Bucket=s3.bucket, Key=entry["key"])["Body"].read())
-    data[offset] ^= 0xFF
-    s3.client.put_object(Bucket=s3.bucket, Key=entry["key"], Body=bytes(data))
-
-
-def restore(checkpoint) -> Validation:
-    validation = rt.request(checkpoint)
-    rt.run(validation.pk)
-    validation.refresh_from_db()
-    return validation
 
 
 @pytest.fixture
@@ -340,8 +298,8 @@ def test_a_dcp_checkpoint_restores_and_every_chunk_loads(
 ):
     """A .distcp shard is a run of torch.save archives, one per chunk: the loader reads it
     chunk by chunk, as validation does, instead of torch.load of the whole file."""
-    from tests.fixtures_checkpoints import save_dcp
-    from tests.test_validation import file_entry
+    from tests.support.checkpoint_files import save_dcp
+    from tests.support.validation import file_entry
 
     settings.SCRATCH_DIR = tmp_path / "scratch"
     directory = tmp_path / "ckpts" / "step-7"
@@ -377,7 +335,7 @@ def test_a_dcp_metadata_naming_a_shard_outside_its_folder_is_never_followed(tmp_
     (a copy of a verified checkpoint never names one; this one is made by hand)."""
     import pickle
 
-    from tests.fixtures_checkpoints import save_dcp
+    from tests.support.checkpoint_files import save_dcp
     from webapp.domain.recovery import restore_load
 
     folder = tmp_path / "ckpt"

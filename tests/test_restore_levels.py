@@ -4,62 +4,17 @@ checkpoint and fails for one from another run. And automatic resume, at most N t
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 import torch
 
-from tests.client_support import train_digits
-from tests.conftest import event, queued_tasks
+from tests.support.celery_workers import queued_tasks
+from tests.support.client_scripts import train_digits
+from tests.support.events import event
+from tests.support.restore_levels import CHECKS, restore, verified_with_replica
 from webapp.domain.health import alerts
-from webapp.domain.models import Checkpoint, Event, LaunchProfile, Resume, Run, StorageTarget
-from webapp.domain.recovery import restore_test as rt
-from webapp.domain.replication import policy
-from workers.replicate import replicate
-from workers.validate import validate_checkpoint
+from webapp.domain.models import Checkpoint, Event, LaunchProfile, Resume, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-CHECKS = {
-    "forward": "examples.digits_checks:forward",
-    "replay": "examples.digits_checks:replay",
-    "replay_steps": 5,
-}
-
-
-def verified_with_replica(checkpoint, project, s3) -> Checkpoint:
-    validate_checkpoint(checkpoint.pk)
-    checkpoint.refresh_from_db()
-    assert checkpoint.status == "verified", checkpoint.status_message
-    target, _ = StorageTarget.objects.get_or_create(
-        project=project,
-        name="backup",
-        defaults={
-            "bucket": s3.bucket,
-            "prefix": f"levels-{uuid.uuid4().hex[:6]}",
-            "endpoint_url": s3.endpoint,
-        },
-    )
-    (replica_id,) = policy.request(checkpoint, [target], by_policy=False)
-    assert replicate(replica_id) == "verified"
-    return checkpoint
-
-
-@pytest.fixture
-def digits(server, s3, token, project, tmp_path, settings):
-    settings.SCRATCH_DIR = tmp_path / "scratch"
-    project.allowed_roots = [str(tmp_path / "ckpt")]
-    project.restore_checks = CHECKS
-    project.save()
-    train_digits(server, token, tmp_path, "digits", seed=0)
-    return Checkpoint.objects.get(run__key="digits", step=23)
-
-
-def restore(checkpoint) -> tuple[str, object]:
-    validation = rt.request(checkpoint)
-    outcome = rt.run(validation.pk)
-    validation.refresh_from_db()
-    return outcome, validation
 
 
 def test_the_run_s_own_checkpoint_passes_forward_and_replay(digits, project, s3, queues):
@@ -108,7 +63,7 @@ def test_a_checkpoint_whose_keys_do_not_fit_the_model_fails_forward(
     state = torch.load(path, weights_only=True)
     state["model"]["head.3.weight_renamed"] = state["model"].pop("head.3.weight")
     torch.save(state, path)
-    from tests.test_validation import file_entry
+    from tests.support.validation import file_entry
 
     entry = file_entry(path, path.name)
     digits.files.update(size=entry["size"], sha256=entry["sha256"])
@@ -131,7 +86,7 @@ def test_a_failed_run_is_resumed_automatically_at_most_n_times(api, token, proje
     )
     project.auto_resume_profile, project.max_restarts = profile, 1
     project.save()
-    from tests.conftest import saved
+    from tests.support.events import saved
 
     assert (
         api.post_events(

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lifeboat.download import RestoreError, download_files
-from tests.test_restore import damage, replicate_checkpoint, restore
+from tests.support.restore import damage, replicate_checkpoint, restore
 from webapp.domain.models import Replica
 from webapp.domain.replication.restore import replica_files
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 import hashlib
 import shlex
 import sys
-import time
 import uuid
 
 import pytest
 
-from tests.client_support import train_digits
-from tests.conftest import ROOT, queued_tasks, saved
-from tests.test_slurm import slurm_cluster  # noqa: F401 (a fixture, asked for by name)
+from tests.support.celery_workers import queued_tasks
+from tests.support.client_scripts import train_digits
+from tests.support.events import saved
+from tests.support.resume import follow_until_done
+from tests.support.servers import ROOT
 from webapp.domain.models import Checkpoint, LaunchProfile, Replica, Resume, Run, StorageTarget
 from webapp.domain.recovery import resume as resumes
 from webapp.domain.replication import policy
@@ -24,17 +25,6 @@ from workers.replicate import replicate
 from workers.validate import validate_checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def follow_until_done(resume_id: int, timeout: float = 180) -> Resume:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        resume = Resume.objects.select_related("checkpoint", "run", "profile").get(pk=resume_id)
-        if resume.status in ("succeeded", "failed", "cancelled"):
-            return resume
-        resumes.follow(resume)
-        time.sleep(0.5)
-    raise AssertionError(f"resume {resume_id} did not end: {resume.status}")
 
 
 @pytest.mark.parametrize("kind", ["local", "slurm"])

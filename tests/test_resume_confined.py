@@ -11,7 +11,7 @@ import os
 import pytest
 from django.utils import timezone
 
-from tests.test_replication import make_checkpoint, make_target, replicate_now
+from tests.support.replication import make_checkpoint, make_target, replicate_now
 from webapp.domain.models import (
     Checkpoint,
     CheckpointFile,

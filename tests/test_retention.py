@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from tests.test_replication import MiB, make_checkpoint, make_target, replicate_now
+from tests.support.replication import MiB, make_checkpoint, make_target, replicate_now
 from webapp.domain.models import (
     Checkpoint,
     Event,
@@ -211,7 +211,7 @@ def test_replica_retention_deletes_objects_no_other_replica_needs(project, root,
 
 
 def test_the_api_shows_the_dry_run_and_queues_the_real_one(api, token, read_token, fifty, queues):
-    from tests.conftest import queued_tasks
+    from tests.support.celery_workers import queued_tasks
 
     RetentionPolicy.objects.create(project=fifty, applies_to="local", keep_last=5)
     body = api.get(read_token, "/retention").json()

@@ -18,8 +18,8 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from tests.conftest import ROOT
-from tests.test_replication import make_checkpoint
+from tests.support.replication import make_checkpoint
+from tests.support.servers import ROOT
 from webapp.domain.models import (
     Checkpoint,
     CheckpointFile,

@@ -8,7 +8,7 @@ import sys
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from tests.conftest import ROOT
+from tests.support.servers import ROOT
 from webapp.env import env_bool, env_int, env_list, env_str
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench import corpus as corpus_writer
-from tests.conftest import saved
+from tests.support.events import saved
 from webapp.domain.models import Checkpoint
 from workers.validate import validate_checkpoint
 

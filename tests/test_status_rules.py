@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import saved
-from tests.fixtures_checkpoints import save_dcp, small_state_dict, write_safetensors
+from tests.support.checkpoint_files import save_dcp, small_state_dict, write_safetensors
+from tests.support.events import saved
 from webapp.domain.models import Checkpoint
 from workers.validate import validate_checkpoint
 

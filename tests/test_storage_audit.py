@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from tests.conftest import member
-from tests.test_dashboard import as_user
-from tests.test_replication import MiB, make_checkpoint, make_target, replicate_now
+from tests.support.dashboard import as_user
+from tests.support.people import member
+from tests.support.replication import MiB, make_checkpoint, make_target, replicate_now
 from webapp.domain.models import Event, Flip, Replica, RetentionPolicy, StorageAudit
 from webapp.domain.replication import targets
 from webapp.domain.replication.restore import restore_replica
@@ -202,7 +202,7 @@ def test_an_orphan_a_new_replica_names_by_the_cleanup_s_time_stays(project, root
 def test_the_settings_show_the_audit_and_an_admin_cleans_from_the_page(
     project, root, s3, settings, admin, queues
 ):
-    from tests.conftest import queued_tasks
+    from tests.support.celery_workers import queued_tasks
     from workers.replicate import clean_storage
 
     settings.STORAGE_AUDIT_GRACE_S = 0
@@ -286,7 +286,7 @@ def test_another_project_s_objects_and_manifests_are_never_another_s_orphans(
 def test_the_api_shows_audits_and_takes_both_actions(
     api, token, read_token, project, root, s3, settings, queues
 ):
-    from tests.conftest import queued_tasks
+    from tests.support.celery_workers import queued_tasks
     from workers.replicate import audit_target, clean_storage
 
     settings.STORAGE_AUDIT_GRACE_S = 0

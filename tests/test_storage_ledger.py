@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from tests.test_dashboard import as_user
-from tests.test_replication import MiB, make_checkpoint, make_target, replicate_now
+from tests.support.dashboard import as_user
+from tests.support.replication import MiB, make_checkpoint, make_target, replicate_now
 from webapp.domain.models import RetentionPolicy, StorageSnapshot
 from webapp.domain.replication import ledger
 from webapp.domain.retention import policy as retention
@@ -102,7 +102,7 @@ def test_the_page_the_api_and_the_gauges(project, three, viewer, api, read_token
 
 
 def test_a_hostile_price_is_refused(project, admin, s3):
-    from tests.test_replication import make_target as _make
+    from tests.support.replication import make_target as _make
 
     target = _make(project, s3, "priced")
     client = as_user(admin)
@@ -119,8 +119,8 @@ def test_a_hostile_price_is_refused(project, admin, s3):
 
 
 def test_the_cli_prints_the_ledger_and_asks_for_an_audit(three, server, token, tmp_path, queues):
-    from tests.conftest import queued_tasks
-    from tests.test_cli_ops import cli_env, lifeboat
+    from tests.support.celery_workers import queued_tasks
+    from tests.support.cli import cli_env, lifeboat
 
     env = cli_env(server.url, token, tmp_path)
     done = lifeboat(env, "storage")

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from tests.test_replication import make_checkpoint, replicate_now
+from tests.support.replication import make_checkpoint, replicate_now
 from webapp.domain.models import Project, Replica, RetentionPolicy, StorageTarget
 from webapp.domain.replication import namespace
 from webapp.domain.replication.restore import restore_replica

@@ -12,8 +12,8 @@ import pytest
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
-from tests.conftest import queued_tasks
-from tests.test_replication import make_checkpoint, make_target
+from tests.support.celery_workers import queued_tasks
+from tests.support.replication import make_checkpoint, make_target
 from webapp.domain import repair
 from webapp.domain.health import problems
 from webapp.domain.models import (

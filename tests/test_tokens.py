@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from tests.conftest import saved
+from tests.support.events import saved
 from webapp.domain.models import ApiToken, Project, Run
 
 pytestmark = pytest.mark.django_db

@@ -3,7 +3,6 @@ API, checked, and the verdict a person reads."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -15,51 +14,14 @@ import pytest
 import torch
 from django.utils import timezone
 
-from tests.conftest import ROOT, saved, wait_for
+from tests.support.events import saved
+from tests.support.servers import ROOT, wait_for
+from tests.support.validation import check, file_entry, report, small_model, write_state
 from webapp.domain.lease import Busy
 from webapp.domain.models import Checkpoint, Event, Validation
 from workers.validate import claim, validate_checkpoint
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
-
-
-def file_entry(path: Path, rel: str) -> dict:
-    data = path.read_bytes()
-    return {"path": rel, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def write_state(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(state, path)
-
-
-def small_model(seed: int = 0, **overrides) -> dict:
-    generator = torch.Generator().manual_seed(seed)
-    state = {
-        "layer1.weight": torch.randn(64, 32, generator=generator),
-        "layer1.bias": torch.randn(64, generator=generator),
-        "fc.weight": torch.randn(10, 64, generator=generator),
-    }
-    state.update(overrides)
-    return state
-
-
-def report(
-    api, token, directory: Path, step: int, run: str = "run-1", t: float | None = None
-) -> Checkpoint:
-    files = [file_entry(p, p.name) for p in sorted(directory.iterdir()) if p.is_file()]
-    body = saved(
-        run=run, step=step, t=step if t is None else t, location=str(directory), files=files
-    )
-    response = api.post_events(token, body)
-    assert response.status_code == 202, response.content
-    return Checkpoint.objects.get(run__key=run, step=step)
-
-
-def check(checkpoint: Checkpoint) -> Checkpoint:
-    validate_checkpoint(checkpoint.pk)
-    checkpoint.refresh_from_db()
-    return checkpoint
 
 
 def test_a_good_checkpoint_is_verified_with_its_content(api, token, root):
@@ -261,7 +223,7 @@ def test_revalidation_keeps_the_verdict_until_the_new_one(api, token, root, queu
 
 
 def test_the_schedule_rechecks_latest_and_pinned_after_a_while(api, token, root, settings, queues):
-    from tests.conftest import queued_tasks
+    from tests.support.celery_workers import queued_tasks
     from workers.sweeper import revalidate_stale
 
     for step in (1, 2, 3):

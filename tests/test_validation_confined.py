@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from tests.test_validation import check, report, small_model, write_state
+from tests.support.validation import check, report, small_model, write_state
 from webapp.domain.validation import inspector
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,8 +12,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.conftest import saved
-from tests.test_replication import make_checkpoint
+from tests.support.events import saved
+from tests.support.replication import make_checkpoint
 from webapp.domain.lease import Busy
 from webapp.domain.models import Checkpoint, Project, Validation
 from webapp.domain.validation.checking import claim

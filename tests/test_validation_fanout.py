@@ -11,7 +11,9 @@ import pytest
 from django.test import override_settings
 
 from bench import corpus as corpus_writer
-from tests.conftest import queued_tasks, saved, start_worker, stop_worker, wait_for
+from tests.support.celery_workers import queued_tasks, start_worker, stop_worker
+from tests.support.events import saved
+from tests.support.servers import wait_for
 from webapp.domain.models import Checkpoint
 from workers.validate import decide_validation, validate_checkpoint, validate_part
 

@@ -12,7 +12,7 @@ import torch
 from django.test import override_settings
 
 from bench import corpus as corpus_writer
-from tests.conftest import saved
+from tests.support.events import saved
 from webapp.domain.models import Checkpoint
 from workers.validate import validate_checkpoint
 

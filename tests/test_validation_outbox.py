@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import WebServer, queued_tasks, run_together, saved
+from tests.support.celery_workers import queued_tasks
+from tests.support.concurrency import run_together
+from tests.support.events import saved
+from tests.support.servers import WebServer
 from webapp.domain.models import Checkpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from tests.conftest import event, queued_tasks, saved, wait_for
+from tests.support.celery_workers import queued_tasks
+from tests.support.events import event, saved
+from tests.support.servers import wait_for
 from webapp.domain.models import Checkpoint, Validation
 
 
@@ -86,7 +88,7 @@ def test_with_the_broker_down_events_are_kept_and_the_sweeper_requeues(
 ):
     from django.utils import timezone
 
-    from tests.conftest import WebServer, free_port
+    from tests.support.servers import WebServer, free_port
     from webapp.domain.validation import owed
 
     def requeue_unvalidated() -> int:

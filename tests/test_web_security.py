@@ -15,7 +15,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from tests.conftest import event, saved
+from tests.support.events import event, saved
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

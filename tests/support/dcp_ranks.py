@@ -56,8 +56,8 @@ def save_on_ranks(folder: Path, world_size: int, seed: int = 0) -> list[str]:
     ranks are forked from a fresh interpreter: forked from the test process, which has
     run torch's OpenMP code already, a rank can hang in it."""
     subprocess.run(
-        [sys.executable, "-m", "tests.dcp_ranks", str(folder), str(world_size), str(seed)],
-        cwd=Path(__file__).resolve().parents[1], check=True, timeout=300,
+        [sys.executable, "-m", "tests.support.dcp_ranks", str(folder), str(world_size), str(seed)],
+        cwd=Path(__file__).resolve().parents[2], check=True, timeout=300,
     )  # fmt: skip
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 

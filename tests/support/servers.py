@@ -1,7 +1,6 @@
 """Lifeboat's web server and the S3 server as the tests run them: real processes
 (gunicorn with uvicorn workers; SeaweedFS, or an S3 server that already answers), and
-the small helpers they need. Imported by tests/conftest.py, which the tests import
-these names from."""
+the small helpers they need (a free port, waiting for a condition, the checkout's ROOT)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def wait_for(predicate, timeout: float = 30, interval: float = 0.1):

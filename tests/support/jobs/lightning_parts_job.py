@@ -5,7 +5,7 @@ plain DDP save, one `.ckpt` file rank 0 writes alone. tests/test_client_parts.py
 it under torchrun.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \
-        tests/lightning_parts_job.py RUN_KEY CHECKPOINT_DIR {sharded|file}
+        tests/support/jobs/lightning_parts_job.py RUN_KEY CHECKPOINT_DIR {sharded|file}
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lifeboat.lightning import LifeboatCallback
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # run from a checkout
 from examples.lightning_fit import Regression  # noqa: E402 (the example's model)
 
 

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the checkout's .venv/bin for the documented commands
 # What a test process has exported that a user's shell would not have.
 _NOT_A_USERS = re.compile(

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.conftest import ROOT, WebServer, free_port
+from tests.support.servers import ROOT, WebServer, free_port
 
 
 class RestartableServer:
@@ -81,7 +81,7 @@ def stop_while_hashing(process: subprocess.Popen, path, timeout: float = 60) -> 
     """Stop `process` (SIGSTOP) while it has `path` open and has not read it to its end,
     i.e. in the middle of hashing it; returns how far it had read. The caller SIGCONTs
     or SIGKILLs it."""
-    from tests.conftest import wait_for
+    from tests.support.servers import wait_for
 
     size = os.path.getsize(path)
     fd = wait_for(lambda: _hashing_fd(process.pid, path), timeout, interval=0.001)

@@ -1,12 +1,10 @@
 """A training job for tests/test_quarantine.py, reporting to Lifeboat with the real client.
 
-    python tests/quarantine_job.py --fresh CKPT_DIR      saves steps 10 and 20, then dies
-                                   [--then-wait]         (or waits for a signal)
-    python tests/quarantine_job.py --step N --bad B      resumed from step N (as launched
-                                                         by a resume): dies right after
-                                                         loading when N is B (or B is
-                                                         "all"), else trains a step and ends
-                                                         (and then dies, with "later")
+    python tests/support/jobs/quarantine_job.py --fresh CKPT_DIR
+        saves steps 10 and 20, then dies [--then-wait] (or waits for a signal)
+    python tests/support/jobs/quarantine_job.py --step N --bad B
+        resumed from step N (as launched by a resume): dies right after loading when N
+        is B (or B is "all"), else trains a step and ends (and then dies, with "later")
 
 The run key, token, URL and the checkpoint it was resumed from come from the environment
 a launch gives a job (LIFEBOAT_RUN, LIFEBOAT_TOKEN, LIFEBOAT_URL, LIFEBOAT_RESUMED_FROM).
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # run from a checkout
 
 import lifeboat  # noqa: E402
 
