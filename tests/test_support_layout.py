@@ -1,0 +1,61 @@
+"""Where the tests' shared parts live: helpers and shared fixtures in tests/support/
+(fixtures loaded by conftest.py's `pytest_plugins`), so that no test module, nor
+conftest.py, nor a support module imports a test module or conftest.py."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+# Imports that a change under way elsewhere still makes (test_metrics.py's own helpers);
+# they move to tests/support/ with it. This list only shrinks.
+NOT_YET = {
+    ("test_metrics.py", "tests.conftest"),
+    ("test_metrics_exposition.py", "tests.conftest"),
+    ("test_storage_ledger.py", "tests.test_metrics"),
+}
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """Every module `path` imports, anywhere in it (a function's imports too), by line."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+            # `from tests import test_x`: a module, named as a name.
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def is_test_module_or_conftest(module: str) -> bool:
+    parts = module.split(".")
+    return (
+        len(parts) >= 2
+        and parts[0] == "tests"
+        and (parts[1].startswith("test_") or parts[1] == "conftest")
+    )
+
+
+def test_no_test_module_conftest_or_support_module_imports_a_test_module_or_conftest():
+    paths = sorted(TESTS.glob("*.py")) + sorted((TESTS / "support").rglob("*.py"))
+    wrong = [
+        f"{path.relative_to(TESTS.parent)}:{line} imports {module}"
+        for path in paths
+        for line, module in imported_modules(path)
+        if is_test_module_or_conftest(module)
+        and (path.name, ".".join(module.split(".")[:2])) not in NOT_YET
+    ]
+    assert not wrong, "move what they share to tests/support/:\n" + "\n".join(wrong)
+
+
+def test_the_tests_folder_holds_only_test_modules_and_conftest():
+    loose = [
+        path.name
+        for path in TESTS.glob("*.py")
+        if not path.name.startswith("test_") and path.name not in ("conftest.py", "__init__.py")
+    ]
+    assert not loose, f"helpers belong in tests/support/: {loose}"
