@@ -13,6 +13,7 @@ import uuid
 import pytest
 from django.utils import timezone
 
+from tests.support import replication
 from tests.support.celery_workers import queued_tasks
 from tests.support.replication import (
     PREFIX,
@@ -42,9 +43,11 @@ def small_parts(settings):
 @pytest.fixture(autouse=True)
 def _own_prefix(monkeypatch):
     # The S3 bucket is shared by the session's tests: each test writes under its own
-    # prefix, so that what one finds there is its own.
+    # prefix, so that what one finds there is its own (make_target writes under
+    # tests.support.replication.PREFIX).
     global PREFIX
     PREFIX = f"replicas-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setattr(replication, "PREFIX", PREFIX)
 
 
 def test_a_checkpoint_is_copied_to_two_targets_with_the_manifest_last(
