@@ -10,10 +10,7 @@ from tests.support.api_client import Api
 from tests.support.celery_workers import start_worker, stop_worker
 from tests.support.events import T0, event, saved  # noqa: F401 (test_metrics*.py, for now)
 from tests.support.people import member
-from tests.support.servers import (
-    ROOT,
-    S3Server,
-)
+from tests.support.servers import ROOT, S3Server
 
 # Fixtures that test modules share beyond these, each module with its helpers (tests/support/).
 pytest_plugins = [
