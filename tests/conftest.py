@@ -8,7 +8,6 @@ import redis
 
 from tests.support.api_client import Api
 from tests.support.celery_workers import start_worker, stop_worker
-from tests.support.events import T0, event, saved  # noqa: F401 (test_metrics*.py, for now)
 from tests.support.people import member
 from tests.support.servers import ROOT, S3Server
 

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from tests.conftest import T0, event, saved
+from tests.support.events import T0, event, saved
+from tests.support.metrics import sample
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def sample(text: str, name: str, **labels) -> float:
-    """The value of the sample with exactly these labels, in whatever order written."""
-    for found in re.finditer("^" + re.escape(name) + r"(?:\{(.*)\})? (\S+)$", text, re.M):
-        if dict(re.findall(r'(\w+)="([^"]*)"', found.group(1) or "")) == labels:
-            return float(found.group(2))
-    raise AssertionError(f"{name} {labels} not in:\n{text}")
 
 
 def test_it_shows_checkpoints_queues_lag_and_api_latency(client, api, token, queues, settings):

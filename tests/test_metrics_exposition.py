@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.conftest import event, saved
+from tests.support.events import event, saved
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -93,7 +93,7 @@ def test_the_page_the_api_and_the_gauges(project, three, viewer, api, read_token
 
     settings.METRICS_TOKEN = "scrape-token"
     text = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token").content.decode()
-    from tests.test_metrics import sample  # the value as Prometheus reads it (1.6e+06)
+    from tests.support.metrics import sample  # the value as Prometheus reads it (1.6e+06)
 
     main = {"project": "alpha", "target": "main", "where": "target"}
     assert sample(text, "lifeboat_storage_stored_bytes", **main) == stored

@@ -9,14 +9,6 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 
-# Imports that a change under way elsewhere still makes (test_metrics.py's own helpers);
-# they move to tests/support/ with it. This list only shrinks.
-NOT_YET = {
-    ("test_metrics.py", "tests.conftest"),
-    ("test_metrics_exposition.py", "tests.conftest"),
-    ("test_storage_ledger.py", "tests.test_metrics"),
-}
-
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
     """Every module `path` imports, anywhere in it (a function's imports too), by line."""
@@ -47,7 +39,6 @@ def test_no_test_module_conftest_or_support_module_imports_a_test_module_or_conf
         for path in paths
         for line, module in imported_modules(path)
         if is_test_module_or_conftest(module)
-        and (path.name, ".".join(module.split(".")[:2])) not in NOT_YET
     ]
     assert not wrong, "move what they share to tests/support/:\n" + "\n".join(wrong)
 

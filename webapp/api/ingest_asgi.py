@@ -1,6 +1,6 @@
 """Lifeboat as an ASGI application, the one door of POST /api/v1/events: gunicorn with
 uvicorn workers serves it in production (webapp/asgi.py), and the tests call it
-(tests/conftest.py's `call_asgi`, under the `api` fixture). The route is answered on
+(tests/support/api_client.py's `call_asgi`, under the `api` fixture). The route is answered on
 the event loop; every other request is Django's, in a pool of threads. No Django view
 answers the route, so no other server or test client can take another way in; the
 OpenAPI document describes it from webapp/api/events.py, whose steps it takes.
