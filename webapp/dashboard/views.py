@@ -227,6 +227,7 @@ def run_detail(request, key: str):
         if not table["polling"]:
             response.status_code = HttpResponseStopPolling.status_code
         return response
+    # cycle: webapp.dashboard.recovery_views imports this module
     from webapp.dashboard.recovery_views import recovery_offer, resumes_context
 
     family = families.families_of(project.pk, [run])[run.pk]
