@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from contextlib import AbstractContextManager
 
+import redis
 from celery import Celery, current_app
 from celery.canvas import Signature
 from django.db import transaction
@@ -84,7 +85,6 @@ def producer() -> AbstractContextManager:
 def waiting(queue: str) -> int | None:
     """Messages waiting on `queue` (not those a worker has taken), or None when the
     broker does not answer. With a Redis broker a queue is a list of that name."""
-    import redis
     from django.conf import settings
 
     try:
