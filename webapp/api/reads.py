@@ -34,6 +34,7 @@ from webapp.domain.health import analytics, goodput, run_health
 from webapp.domain.models import Checkpoint, Run
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ReplicaStatus
+from webapp.domain.recovery.resume import output_tail
 from webapp.domain.replication.restore import replica_files
 from webapp.domain.retention import policy as retention
 
@@ -401,8 +402,7 @@ class ResumeOut(Schema):
 
     @staticmethod
     def resolve_output(resume, context) -> str:
-        from webapp.domain.recovery.resume import output_tail  # redacted, operate-scope tokens only
-
+        # output_tail is redacted, and shown to operate-scope tokens only
         auth = getattr((context or {}).get("request"), "auth", None)
         return output_tail(resume) if auth is not None and auth.allows("operate") else ""
 

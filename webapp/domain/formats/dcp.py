@@ -56,8 +56,6 @@ class Dcp(Format):
     def inspect_checkpoint(self, job: Inspection) -> None:
         # Imported here: torch, which the parent side that reads the registry must not load.
         from webapp.domain.validation.inspect_common import first_line, raise_if_out_of_memory
-
-        # torch loads only where needed (via webapp.domain.validation.inspect_dcp)
         from webapp.domain.validation.inspect_dcp import inspect_dcp, scan_dcp_part
 
         report, file_set = job.report, set(job.files)
@@ -110,10 +108,7 @@ class Dcp(Format):
         # Imported here: torch, which the parent side that reads the registry must not load.
         import torch
 
-        # torch loads only where needed (via webapp.domain.validation.inspect_common)
         from webapp.domain.validation.inspect_common import Report
-
-        # torch loads only where needed (via webapp.domain.validation.inspect_dcp)
         from webapp.domain.validation.inspect_dcp import (
             check_dcp_shards,
             dcp_chunks,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+from webapp.domain import confined_files
 from webapp.domain.replication.storage import s3_client
 from webapp.domain.validation import integrity
 
@@ -39,8 +40,6 @@ def sources(checkpoint):
     # A one-file checkpoint's location is the file itself (its one path is its name).
     # Opened by a confined walk from an allowed root's descriptor: a symlink out of the
     # roots, at any level and even one swapped in now, is refused, not followed.
-    from webapp.domain import confined_files
-
     single = checkpoint.file_count == 1
     with confined_files.Tree(checkpoint.project.allowed_roots) as tree:
         try:

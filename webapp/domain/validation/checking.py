@@ -37,6 +37,7 @@ from webapp.domain.models import Checkpoint, Event, Validation
 from webapp.domain.models.checkpoints import NOT_SAVED, UNSETTLED, CheckpointStatus
 from webapp.domain.models.recovery import ValidationKind, ValidationStatus
 from webapp.domain.ranks import describe_ranks
+from webapp.domain.replication import policy
 from webapp.domain.replication.storage import s3_client
 from webapp.domain.validation import checked_view, integrity, verdict
 from webapp.domain.validation.inspect_parts import inspect_in_parts
@@ -331,8 +332,6 @@ def record(validation_id: int, fingerprint: str, result, content: dict, timings:
             # The copies its targets' policies ask for, in this very transaction: a
             # verified checkpoint never exists without the replica rows it is owed (the
             # sweeper re-sends a pending one whose message was lost). Queued on commit.
-            from webapp.domain.replication import policy
-
             policy.request(checkpoint)
 
         # Corrupt, suspicious or missing, and a save far slower than usual: alerts,
