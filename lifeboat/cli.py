@@ -13,8 +13,15 @@ import sys
 import threading
 
 from lifeboat.config import Config, ConfigError
+from lifeboat.files import total_size
 from lifeboat.ops_api import EXIT_CODES, USAGE, CommandFailed
 from lifeboat.ops_cli import add_commands, connection_options
+from lifeboat.pending import PendingReports, label
+from lifeboat.progress import Progress
+from lifeboat.run import Run
+from lifeboat.sender import Sender
+from lifeboat.spool import Spool
+from lifeboat.watch import Watcher
 
 PROGRESS_FROM = 64 * 1024 * 1024  # a checkpoint this big gets a progress line when hashed
 FLUSH_HELP = """Deliver the spool now, e.g. after a crash.
@@ -37,9 +44,6 @@ def _positive(text: str) -> int:
 
 
 def _watch(args) -> int:
-    from lifeboat.run import Run
-    from lifeboat.watch import Watcher
-
     run = Run(
         args.run,
         url=args.url,
@@ -75,7 +79,6 @@ def _complete_pending(spool) -> bool:
     """Complete the checkpoint reports that dead processes on this host left, saying what
     became of each; a progress line while a big one is hashed. False if one could not be
     completed (it stays for a later try)."""
-    from lifeboat.pending import PendingReports
 
     reports = PendingReports(spool)
     try:
@@ -85,9 +88,6 @@ def _complete_pending(spool) -> bool:
 
 
 def _complete_each(reports, scan) -> bool:
-    from lifeboat.files import total_size
-    from lifeboat.pending import label
-    from lifeboat.progress import Progress
 
     # Damaged records set aside are logged (with where they are kept) by take_orphans.
     for request, holder in scan.busy:
@@ -125,9 +125,6 @@ def _complete_each(reports, scan) -> bool:
 
 
 def _flush(args) -> int:
-    from lifeboat.sender import Sender
-    from lifeboat.spool import Spool
-
     config = Config.resolve(url=args.url, token=args.token, spool_dir=args.spool_dir)
     spool = Spool(config.spool_dir, config.spool_max_bytes)
     completed = _complete_pending(spool)
@@ -147,8 +144,6 @@ def _flush(args) -> int:
 
 
 def _spool(args) -> int:
-    from lifeboat.spool import Spool
-
     config = Config.resolve(url=args.url, token=args.token, spool_dir=args.spool_dir)
     print(json.dumps(Spool(config.spool_dir, config.spool_max_bytes).stats(), indent=2))
     return 0

@@ -14,7 +14,9 @@ from lifeboat import ops_format as fmt
 from lifeboat import ops_goodput, ops_storage
 from lifeboat.config import Config, process_rank, process_world_size
 from lifeboat.ops_api import EXIT_CODES, NOT_VERIFIED, OK, USAGE, CommandFailed, OpsClient
+from lifeboat.ops_wait import ended_before, follow
 from lifeboat.parts import parts_from_env, rank_share
+from lifeboat.restore import LatestError, restore_root, restored_copy, say_passed_over, usable_copy
 
 
 def connection_options(parser: argparse.ArgumentParser, spool: bool = True) -> None:
@@ -135,14 +137,6 @@ def _section(title: str, headers: list[str], rows: list[list], right=()) -> None
 
 
 def _latest(args) -> int:
-    from lifeboat.restore import (
-        LatestError,
-        restore_root,
-        restored_copy,
-        say_passed_over,
-        usable_copy,
-    )
-
     run = args.run or os.environ.get("LIFEBOAT_RUN")
     if not run:
         raise CommandFailed("which run? name it or set LIFEBOAT_RUN", USAGE)
@@ -178,8 +172,6 @@ def _latest(args) -> int:
 
 
 def _check(args, kind: str) -> int:
-    from lifeboat.ops_wait import ended_before, follow
-
     client = _client(args)
     # Before the request, the checks that have ended: the new one is none of them (for
     # a server whose answer does not name the check it queued).

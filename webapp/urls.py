@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.http import HttpResponsePermanentRedirect
 from django.templatetags.static import static
 from django.urls import include, path, re_path
+from django.views.defaults import page_not_found, server_error
 
 from webapp.api.errors import error_response
 from webapp.api.json_everywhere import api_not_found
@@ -32,7 +33,6 @@ def handler404(request, exception=None):
     # Paths under /api/ that no route matches still answer JSON.
     if request.path.startswith("/api/"):
         return error_response(404, f"no API endpoint at {request.path}")
-    from django.views.defaults import page_not_found
 
     return page_not_found(request, exception)
 
@@ -43,6 +43,5 @@ handler403 = "webapp.dashboard.views.forbidden"
 def handler500(request):
     if request.path.startswith("/api/"):
         return error_response(500, "internal error; the server log has the details")
-    from django.views.defaults import server_error
 
     return server_error(request)

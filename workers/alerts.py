@@ -10,13 +10,14 @@ from datetime import timedelta
 from celery import shared_task
 from django.utils import timezone
 
+from webapp.domain.health import alerts, delivery
+from webapp.domain.models.alerts import Flip, Notification, NotificationStatus
+
 
 @shared_task(name="workers.alerts.check", ignore_result=True)
 def check() -> int:
     """Beat, every minute: record new flips, and pick up flips and notifications whose
     messages were lost (a publish while Redis was down, a worker that died)."""
-    from webapp.domain.health import alerts
-    from webapp.domain.models.alerts import Flip, Notification, NotificationStatus
 
     flips = alerts.check_runs() + alerts.check_quotas()
     stale = timezone.now() - timedelta(seconds=60)
@@ -33,8 +34,6 @@ def check() -> int:
 
 @shared_task(name="workers.alerts.process_flip", ignore_result=True)
 def process_flip(flip_id: int) -> int:
-    from webapp.domain.health import delivery
-
     ids = delivery.process(flip_id)
     for notification_id in ids:
         deliver_notification.delay(notification_id)
@@ -43,8 +42,6 @@ def process_flip(flip_id: int) -> int:
 
 @shared_task(name="workers.alerts.deliver_notification", ignore_result=True)
 def deliver_notification(notification_id: int) -> str:
-    from webapp.domain.health import delivery
-
     outcome = delivery.deliver(notification_id)
     if isinstance(outcome, float):
         # A temporary error: try again later. The row holds the time, so an early

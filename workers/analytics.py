@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from webapp.domain.health import goodput_store
+from webapp.domain.models import Project
+from webapp.domain.replication import ledger
+
 
 @shared_task(name="workers.analytics.refresh_goodput", ignore_result=True)
 def refresh_goodput() -> int:
     """Beat, every GOODPUT_REFRESH_S: compute again the trainings that changed."""
-    from webapp.domain.health import goodput_store
 
     return goodput_store.refresh_all()
 
@@ -18,7 +21,6 @@ def refresh_goodput() -> int:
 @shared_task(name="workers.analytics.measure_storage", ignore_result=True)
 def measure_storage() -> int:
     """Beat, every STORAGE_LEDGER_S: the storage ledger's history, one task a project."""
-    from webapp.domain.models import Project
 
     ids = list(Project.objects.values_list("pk", flat=True))
     for project_id in ids:
@@ -30,8 +32,6 @@ def measure_storage() -> int:
 def measure_project(project_id: int) -> int:
     """One project's ledger written as history rows (webapp/domain/replication/ledger.py):
     reads only, each run a row set of its own."""
-    from webapp.domain.models import Project
-    from webapp.domain.replication import ledger
 
     project = Project.objects.filter(pk=project_id).first()
     return 0 if project is None else len(ledger.snapshot(project))

@@ -9,6 +9,11 @@ import logging
 from celery import shared_task
 from django.conf import settings
 
+from webapp.domain.models import Event, Resume
+from webapp.domain.models.recovery import ResumeStatus
+from webapp.domain.recovery import reshard
+from webapp.domain.recovery import resume as resumes
+
 log = logging.getLogger(__name__)
 
 FINAL = ("succeeded", "failed", "cancelled")
@@ -16,7 +21,6 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 def _record(resume, type_: str, message: str) -> None:
     """One line of the run's timeline about this resume, by the launch worker."""
-    from webapp.domain.models import Event
 
     Event.record(
         type_,
@@ -30,10 +34,6 @@ def _record(resume, type_: str, message: str) -> None:
 
 @shared_task(name="workers.launch.launch_resume", ignore_result=True)
 def launch_resume(resume_id: int) -> str:
-    from webapp.domain.models.recovery import ResumeStatus
-    from webapp.domain.recovery import reshard
-    from webapp.domain.recovery import resume as resumes
-
     resume = resumes.claim(resume_id)
     if resume is None:
         return "not claimed"
@@ -56,9 +56,6 @@ def launch_resume(resume_id: int) -> str:
 
 @shared_task(name="workers.launch.follow_resume", ignore_result=True)
 def follow_resume(resume_id: int) -> str:
-    from webapp.domain.models import Resume
-    from webapp.domain.recovery import resume as resumes
-
     resume = Resume.objects.select_related("checkpoint", "run", "profile").get(pk=resume_id)
     if resume.status in FINAL:
         return resume.status
@@ -72,8 +69,6 @@ def follow_resume(resume_id: int) -> str:
 @shared_task(name="workers.launch.cancel_resume", ignore_result=True)
 def cancel_resume(resume_id: int) -> str:
     """On the launch host: the process (or the Slurm job) is stopped there."""
-    from webapp.domain.models import Resume
-    from webapp.domain.recovery import resume as resumes
 
     resume = Resume.objects.select_related("profile").get(pk=resume_id)
     if resume.status in FINAL:

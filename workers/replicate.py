@@ -11,15 +11,22 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.conf import settings
+
+from webapp.domain.models import Replica, StorageAudit, StorageTarget
+from webapp.domain.replication import host_legs
+from webapp.domain.replication import replicate as r
+from webapp.domain.replication.replicate import Claim
+from webapp.domain.replication.replicate import abort_abandoned_uploads as abort
+from webapp.domain.replication.upload import SourceChanged
+from webapp.domain.retention import orphans
+from webapp.domain.validation import node_local
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(name="workers.replicate.replicate", ignore_result=True)
 def replicate(replica_id: int) -> str:
-    from webapp.domain.replication import host_legs
-    from webapp.domain.replication import replicate as r
-
     claimed = r.claim(replica_id)
     if claimed is None:
         return "settled"
@@ -39,17 +46,12 @@ def replicate(replica_id: int) -> str:
 
 
 def _node_local(replica_id: int) -> bool:
-    from webapp.domain.models import Replica
-    from webapp.domain.validation import node_local
-
     replica = Replica.objects.select_related("checkpoint__project").get(pk=replica_id)
     return node_local.applies(replica.checkpoint)
 
 
 def _outcome(claimed, attempt) -> str:
     """What an attempt's (or a leg's) ending means: recorded, retried, or failed."""
-    from webapp.domain.replication import replicate as r
-    from webapp.domain.replication.upload import SourceChanged
 
     try:
         return attempt()
@@ -69,8 +71,6 @@ def _outcome(claimed, attempt) -> str:
 @shared_task(name="workers.replicate.replicate_leg", ignore_result=True)
 def replicate_leg(replica_id: int, attempt: int, host: str) -> str:
     """One host's share of a node-local checkpoint's copy (queue replicate.<host>)."""
-    from webapp.domain.replication import host_legs
-    from webapp.domain.replication.replicate import Claim
 
     claimed = Claim(replica_id, attempt)
 
@@ -85,8 +85,6 @@ def replicate_leg(replica_id: int, attempt: int, host: str) -> str:
 @shared_task(name="workers.replicate.finish_legs", ignore_result=True)
 def finish_legs(replica_id: int, attempt: int) -> str:
     """Every host sent its share: confirm every object, write the manifest."""
-    from webapp.domain.replication import host_legs
-    from webapp.domain.replication.replicate import Claim
 
     claimed = Claim(replica_id, attempt)
     return _outcome(claimed, lambda: host_legs.finish(claimed))
@@ -96,10 +94,6 @@ def finish_legs(replica_id: int, attempt: int) -> str:
 def abort_abandoned_uploads() -> int:
     """Beat: the lifecycle rule S3 calls AbortIncompleteMultipartUpload, for every
     enabled target, after REPLICATION_ABANDONED_UPLOAD_S (a day)."""
-    from django.conf import settings
-
-    from webapp.domain.models import StorageTarget
-    from webapp.domain.replication.replicate import abort_abandoned_uploads as abort
 
     aborted = 0
     for target in StorageTarget.objects.filter(enabled=True):
@@ -113,7 +107,6 @@ def abort_abandoned_uploads() -> int:
 @shared_task(name="workers.replicate.audit_storage", ignore_result=True)
 def audit_storage() -> int:
     """Beat, every STORAGE_AUDIT_S: an audit of every enabled target, each its own task."""
-    from webapp.domain.models import StorageTarget
 
     ids = list(StorageTarget.objects.filter(enabled=True).values_list("pk", flat=True))
     for target_id in ids:
@@ -125,8 +118,6 @@ def audit_storage() -> int:
 def audit_target(target_id: int, actor: str) -> int | None:
     """List one target and record what no record accounts for
     (webapp/domain/retention/orphans.py); safe to run twice."""
-    from webapp.domain.models import StorageTarget
-    from webapp.domain.retention import orphans
 
     target = StorageTarget.objects.filter(pk=target_id).first()
     return None if target is None else orphans.audit(target, actor).pk
@@ -135,8 +126,6 @@ def audit_target(target_id: int, actor: str) -> int | None:
 @shared_task(name="workers.replicate.clean_storage", ignore_result=True)
 def clean_storage(audit_id: int, actor: str) -> dict | None:
     """Delete what an audit found, checked again (a second run is refused)."""
-    from webapp.domain.models import StorageAudit
-    from webapp.domain.retention import orphans
 
     row = StorageAudit.objects.select_related("target").filter(pk=audit_id).first()
     if row is None:

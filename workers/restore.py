@@ -10,11 +10,11 @@ import threading
 from celery import current_app, shared_task
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
+from webapp.domain.recovery import restore_test as rt
+
 
 @shared_task(name="workers.restore.restore_test", ignore_result=True, acks_late=True)
 def restore_test(validation_id: int) -> str:
-    from webapp.domain.recovery import restore_test as rt
-
     return rt.run(validation_id)
 
 
@@ -22,7 +22,6 @@ def restore_test(validation_id: int) -> str:
 def schedule() -> int:
     """Beat, hourly: a restore test for the latest verified checkpoint of every active
     run that had none for RESTORE_TEST_EVERY_S."""
-    from webapp.domain.recovery import restore_test as rt
 
     return len(rt.schedule())
 
@@ -42,7 +41,6 @@ def _start_warm_loader(**_):
     worker_process_init (threads) start it at their first restore test instead."""
     if not _consumes(current_app) & RESTORE_QUEUES:
         return
-    from webapp.domain.recovery import restore_test as rt
 
     rt.start_warm_loader()
 
@@ -51,7 +49,6 @@ def _start_warm_loader(**_):
 def _announce_gpu(sender=None, **_):
     """A worker that consumes the `gpu` queue on a host with a GPU says so in Redis every
     minute, so restore tests are routed to it while it lives."""
-    from webapp.domain.recovery import restore_test as rt
 
     queues = _consumes(sender.app)
     if "gpu" not in queues or not rt.has_gpu():

@@ -4,12 +4,16 @@ needs a worker that sees the training file system. See webapp.domain.retention.p
 from __future__ import annotations
 
 from celery import shared_task
+from django.utils.dateparse import parse_datetime
+
+from webapp.domain.models import Project, RetentionPolicy
+from webapp.domain.retention import host_deletion
+from webapp.domain.retention import policy as retention
 
 
 @shared_task(name="workers.retention.apply_all", ignore_result=True)
 def apply_all() -> int:
     """One task per project that has an enabled retention policy."""
-    from webapp.domain.models import RetentionPolicy
 
     ids = sorted(
         set(RetentionPolicy.objects.filter(enabled=True).values_list("project_id", flat=True))
@@ -23,8 +27,6 @@ def apply_all() -> int:
 def apply_project(project_id: int) -> int:
     """Safe to run twice, or in parallel: each deletion re-checks its reasons under a
     row lock, and one already done is skipped."""
-    from webapp.domain.models import Project
-    from webapp.domain.retention import policy as retention
 
     project = Project.objects.filter(pk=project_id).first()
     if project is None:
@@ -36,10 +38,6 @@ def apply_project(project_id: int) -> int:
 def finish_interrupted(project_id: int, before: str) -> None:
     """The sweeper's: the deletions of the project marked before `before` and never
     finished (webapp/domain/retention/owed.py)."""
-    from django.utils.dateparse import parse_datetime
-
-    from webapp.domain.models import Project
-    from webapp.domain.retention import policy as retention
 
     project = Project.objects.filter(pk=project_id).first()
     if project is not None:
@@ -50,6 +48,5 @@ def finish_interrupted(project_id: int, before: str) -> None:
 def remove_share(checkpoint_id: int, host: str, actor: str, why: str, previous) -> str:
     """One host's share of a node-local checkpoint's local copy, removed on that host
     (queue validate.<host>; webapp/domain/retention/host_deletion.py)."""
-    from webapp.domain.retention import host_deletion
 
     return host_deletion.remove_share(checkpoint_id, host, actor, why, previous)

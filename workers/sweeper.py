@@ -11,13 +11,16 @@ from django.conf import settings
 from django.db.models import Max, OuterRef, Q, Subquery
 from django.utils import timezone
 
+from webapp.domain import parts_deadline, repair
+from webapp.domain.health import live_workers
+from webapp.domain.models import Checkpoint, Validation
+from workers.validate import validate_checkpoint
+
 
 @shared_task(name="workers.sweeper.sweep", ignore_result=True)
 def sweep(limit: int = 1000) -> int:
     """Every stage's work that the database says is owed and nobody is doing, sent
     again (webapp/domain/repair.py). Returns how many pieces were sent."""
-    from webapp.domain import parts_deadline, repair
-    from webapp.domain.health import live_workers
 
     closed = parts_deadline.close_overdue(limit=limit)
     try:
@@ -33,8 +36,6 @@ def revalidate_stale(limit: int = 500) -> int:
     """Check again, since bits rot, the checkpoints people rely on: pinned ones and the
     latest verified of every run, when their last check is older than
     REVALIDATE_AFTER_S. Their status stays until the new verdict."""
-    from webapp.domain.models import Checkpoint, Validation
-    from workers.validate import validate_checkpoint
 
     cutoff = timezone.now() - timedelta(seconds=settings.REVALIDATE_AFTER_S)
     latest_verified = (

@@ -19,6 +19,7 @@ from webapp.domain.validation.checking import (  # noqa: F401  (the tests' names
     record_error,
     run_checks,
 )
+from webapp.domain.validation.publish import publish_validations
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,6 @@ def dispatch_validations(checkpoint_ids: list[int]) -> int:
     """Fan a batch out into one validation task per checkpoint, so that they run in
     parallel on every worker. Safe to run twice: validations of settled checkpoints
     return at once."""
-    from webapp.domain.validation.publish import publish_validations
 
     publish_validations(checkpoint_ids)
     return len(checkpoint_ids)

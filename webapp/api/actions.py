@@ -22,6 +22,7 @@ from webapp.api.reads import ResumeOut
 from webapp.domain import actions
 from webapp.domain.actions import ActionRefused
 from webapp.domain.ingest.event_schema import Integer
+from webapp.domain.models import LaunchProfile
 
 router = Router(tags=["runs and checkpoints"])
 
@@ -201,7 +202,6 @@ class ResumeIn(BodyIn):
 def resume_from(request, checkpoint_id: CheckpointId, body: ResumeIn):
     """Restart the run from this checkpoint with one of the project's launch profiles:
     the checkpoint is restored from a replica first if its local copy is unusable."""
-    from webapp.domain.models import LaunchProfile
 
     checkpoint = _checkpoint(request, checkpoint_id)
     profile = LaunchProfile.objects.filter(project=request.auth.project, name=body.profile).first()

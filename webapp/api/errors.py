@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from django.http import JsonResponse
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.http import Http404, JsonResponse
 from ninja import Schema
+from ninja.errors import AuthenticationError, HttpError
+from ninja.errors import ValidationError as NinjaValidationError
+
+from webapp.api.params import NO_NUL
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +37,6 @@ def error_response(status: int, message: str, **details) -> JsonResponse:
 
 
 def install_handlers(api) -> None:
-    from ninja.errors import AuthenticationError, HttpError
-    from ninja.errors import ValidationError as NinjaValidationError
 
     @api.exception_handler(ApiError)
     def on_api_error(request, exc: ApiError):
@@ -41,15 +44,13 @@ def install_handlers(api) -> None:
 
     @api.exception_handler(AuthenticationError)
     def on_auth_error(request, exc):
-        from webapp.api.auth import MISSING_TOKEN
+        from webapp.api.auth import MISSING_TOKEN  # cycle: webapp.api.auth imports this module
 
         return error_response(401, MISSING_TOKEN)
 
     @api.exception_handler(NinjaValidationError)
     def on_validation_error(request, exc):
         return error_response(400, validation_message(exc.errors))
-
-    from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 
     @api.exception_handler(RequestDataTooBig)
     def on_body_too_big(request, exc):
@@ -62,8 +63,6 @@ def install_handlers(api) -> None:
     @api.exception_handler(HttpError)
     def on_http_error(request, exc):
         return error_response(exc.status_code, str(exc))
-
-    from django.http import Http404
 
     @api.exception_handler(Http404)
     def on_not_found(request, exc):
@@ -78,7 +77,6 @@ def install_handlers(api) -> None:
 def validation_message(errors: list) -> str:
     """The first error of a parameter or body, with the parameter named: "limit: Input
     should be less than or equal to 1000"."""
-    from webapp.api.params import NO_NUL
 
     first = errors[0] if errors else {}
     loc = ".".join(str(p) for p in first.get("loc", ())[1:])

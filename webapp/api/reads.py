@@ -30,10 +30,13 @@ from webapp.api.params import (
     RunKeyQuery,
     RunStatusFilter,
 )
-from webapp.domain.health import run_health
+from webapp.domain.health import analytics, goodput, run_health
 from webapp.domain.models import Checkpoint, Run
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ReplicaStatus
+from webapp.domain.recovery.resume import output_tail
+from webapp.domain.replication.restore import replica_files
+from webapp.domain.retention import policy as retention
 
 router = Router(tags=["runs and checkpoints"])
 
@@ -129,8 +132,6 @@ class ReplicaOut(Schema):
 
     @staticmethod
     def resolve_files(replica):
-        from webapp.domain.replication.restore import replica_files
-
         if replica.status != ReplicaStatus.VERIFIED:
             return None
         return replica_files(replica)
@@ -331,7 +332,6 @@ def latest_checkpoint(request, key: RunKeyPath, checkpoint: CheckpointQuery = No
 def run_analytics(request, key: RunKeyPath, mtbf_hours: MtbfHours = None):
     """What checkpointing costs this run, and the Young and Daly intervals for its
     checkpoint time and the project's mean time between failures (docs/analytics.md)."""
-    from webapp.domain.health import analytics
 
     mtbf = mtbf_hours * 3600 if mtbf_hours is not None else None
     return analytics.for_run(_run(request, key), mtbf_seconds=mtbf).as_dict()
@@ -344,7 +344,6 @@ def run_goodput(request, key: RunKeyPath, mtbf_hours: MtbfHours = None):
     """How much of this run's training (the run and the runs resumed from it, and theirs)
     became kept progress, where the rest went, and what Daly's interval would change
     (docs/analytics.md, "Goodput")."""
-    from webapp.domain.health import goodput
 
     run = _run(request, key)
     measured = goodput.for_run(run)
@@ -403,8 +402,7 @@ class ResumeOut(Schema):
 
     @staticmethod
     def resolve_output(resume, context) -> str:
-        from webapp.domain.recovery.resume import output_tail  # redacted, operate-scope tokens only
-
+        # output_tail is redacted, and shown to operate-scope tokens only
         auth = getattr((context or {}).get("request"), "auth", None)
         return output_tail(resume) if auth is not None and auth.allows("operate") else ""
 
@@ -441,7 +439,6 @@ class RetentionPlanOut(Schema):
 def retention_plan(request, run: RunKeyQuery = None, offset: Offset = 0, limit: Limit = 200):
     """The dry run of the project's retention policies, paged: each checkpoint (local
     copies) and replica, whether it would be deleted, and why."""
-    from webapp.domain.retention import policy as retention
 
     run_row = _run(request, run) if run else None
     return retention.dry_run_page(request.auth.project, run_row, offset, limit)

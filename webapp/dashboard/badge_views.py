@@ -13,6 +13,7 @@ from django.utils.cache import patch_cache_control
 from django.views.decorators.http import require_GET, require_POST
 
 from webapp.dashboard.access import project_view
+from webapp.dashboard.setting_changes import change
 from webapp.domain import actions
 from webapp.domain.health import badges
 from webapp.domain.models import Project, Run
@@ -118,8 +119,6 @@ def badges_page(request):
 @require_POST
 @project_view(Role.ADMIN)
 def badges_regenerate(request):
-    from webapp.dashboard.setting_changes import change
-
     return change(
         request,
         actions.regenerate_badge_key,

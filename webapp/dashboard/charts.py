@@ -30,11 +30,15 @@ from django.db.models import (
     Q,
     Value,
 )
+from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast
 from django.utils.text import slugify
 
 from lifeboat.units import format_number, format_seconds, human_size
+from webapp.domain.health.analytics import waste_fraction
+from webapp.domain.models import Checkpoint
+from webapp.domain.models.checkpoints import NOT_SAVED, CheckpointStatus
 
 WIDTH = 640  # viewBox units; the SVG scales to its box
 HEIGHT = 160
@@ -140,7 +144,6 @@ def _sampled_buckets(queryset, columns, aggregates, lo, hi) -> list[dict]:
     """The values are computed once per row in the inner query, then aggregated: written
     as MIN(expr), MAX(expr), PostgreSQL would evaluate expr twice, and reading a number
     out of JSON is most of the cost."""
-    from django.db.models.expressions import RawSQL
 
     bounds = bucket_bounds(lo, hi)
     inner = (
@@ -283,7 +286,6 @@ def lineage_points(run, related: str):
     """The rows of `related` ("checkpoints", "metric_points") that tell the run's story:
     each ancestor's up to the step its child resumed from, then the run's own; and the
     resume steps. A run that is no resume gets its own rows alone, as before."""
-    from webapp.domain.models import Checkpoint
 
     own = getattr(run, related).all()
     condition, resumes, child, seen = Q(run=run), [], run, {run.pk}
@@ -319,7 +321,6 @@ def mark_resumes(chart: Chart, resumes: list[int], lo: int, hi: int) -> None:
 def run_charts(run, metric_keys: list[str]) -> list[Chart]:
     """Checkpoint size and save time, then each metric, against step: 4 queries,
     whatever the number of rows and metrics."""
-    from webapp.domain.models.checkpoints import NOT_SAVED, CheckpointStatus
 
     charts = []
     checkpoints, resumes = lineage_points(run, "checkpoints")
@@ -366,7 +367,6 @@ def interval_chart(figures, samples: int = 120) -> Chart | None:
     eq. 20) against the checkpoint interval τ, on a log scale from a quarter of the
     smaller to four times the larger of the interval used and Daly's; marked at both.
     None when the figures lack δ, M or Daly's interval."""
-    from webapp.domain.health.analytics import waste_fraction
 
     delta = figures.save_seconds_median
     mtbf = figures.mtbf_seconds

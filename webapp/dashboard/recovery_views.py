@@ -21,11 +21,15 @@ from webapp.dashboard.access import actor_of, project_view
 from webapp.dashboard.views import _after_action, _get_checkpoint
 from webapp.domain import actions
 from webapp.domain.actions import ActionRefused
-from webapp.domain.launch.template import uses
+from webapp.domain.health import families
+from webapp.domain.launch.template import PLACEHOLDER, env_name, uses
 from webapp.domain.models import Checkpoint
 from webapp.domain.models.projects import Role
 from webapp.domain.models.runs import Health, RunStatus
+from webapp.domain.recovery import auto_resume
+from webapp.domain.recovery import resume as resumes
 from webapp.domain.recovery.reshard import saved_world_size
+from webapp.domain.recovery.resume import FINAL
 
 # The run page's resume rows poll this often while one is on its way: the launch worker
 # looks at the job every LAUNCH_FOLLOW_S, so a change shows within a few seconds.
@@ -78,7 +82,6 @@ def template_digest(profile) -> str:
 
 def preview_values(checkpoint, world_size: int | None = None) -> dict:
     """The values the resume will get, before it exists: its number shows as N."""
-    from webapp.domain.recovery import resume as resumes
 
     return resumes.template_values(checkpoint, "N", world_size)
 
@@ -96,7 +99,6 @@ def _world_size(data) -> tuple[int | None, str]:
 def _variables_used(profile, values) -> list[tuple[str, str]]:
     """The job's variables that the command refers to, with the values they will hold:
     what a person reads to know what will run."""
-    from webapp.domain.launch.template import PLACEHOLDER, env_name
 
     if profile is None:
         return []
@@ -108,7 +110,6 @@ def _variables_used(profile, values) -> list[tuple[str, str]]:
 @project_view(Role.OPERATOR)
 def checkpoint_resume(request, checkpoint_id: int):
     """GET ?profile=<id>: what will run, to confirm. POST (profile, digest): do it."""
-    from webapp.domain.recovery import resume as resumes
 
     checkpoint = _get_checkpoint(request, checkpoint_id)
     profiles = list(request.project.launch_profiles.order_by("name"))
@@ -187,8 +188,6 @@ def recovery_offer(request, run, family) -> dict | None:
     its lineage (resume.latest_resumable, the one rule) and the launch profiles to start
     it with; None for a run that is fine, or whose family has recovered already (its
     lineage lines say so)."""
-    from webapp.domain.health import families
-    from webapp.domain.recovery import auto_resume
 
     if run.status != RunStatus.FAILED and run.health != Health.OVERDUE:
         return None
@@ -215,8 +214,6 @@ def recovery_offer(request, run, family) -> dict | None:
 
 def resumes_context(request, run) -> dict:
     """The resumes from the run's checkpoints, newest first, and whether to keep polling."""
-    from webapp.domain.health import families
-    from webapp.domain.recovery.resume import FINAL
 
     resumes = list(
         run.resumes.select_related("checkpoint", "profile", "requested_by", "new_run").order_by(
@@ -240,7 +237,6 @@ def resumes_context(request, run) -> dict:
 def resumes_fragment(request, run):
     """The resume rows, and out of band the family's state and the recovery offer,
     which a resume's progress changes."""
-    from webapp.domain.health import families
 
     family = families.families_of(request.project.pk, [run])[run.pk]
     context = {

@@ -20,6 +20,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 from webapp.dashboard.access import project_view
 from webapp.dashboard.setting_changes import change
 from webapp.domain import actions
+from webapp.domain.launch import template
+from webapp.domain.launch.job_env import _NAME, refusal
 from webapp.domain.models import ApiToken, LaunchProfile, StorageAudit, StorageTarget
 from webapp.domain.models.projects import Role, Scope
 from webapp.domain.replication import storage_access
@@ -115,8 +117,6 @@ class LaunchProfileForm(forms.ModelForm):
     # the env text is read here, line by line, so a refusal can name its line.
 
     def clean_env(self):
-        from webapp.domain.launch.job_env import _NAME, refusal
-
         env = {}
         for number, line in enumerate((self.cleaned_data.get("env") or "").splitlines(), 1):
             if not line.strip():
@@ -151,7 +151,6 @@ SAMPLE_VALUES = {
 def placeholder_rows() -> list[dict]:
     """Each placeholder the launcher knows, the variable that carries it to the job, and
     the sample value the preview uses."""
-    from webapp.domain.launch import template
 
     return [
         {"name": name, "variable": template.env_name(name), "sample": SAMPLE_VALUES[name]}

@@ -201,7 +201,7 @@ def run_detail(request, key: str):
         context = {"run": run, "charts": charts.run_charts(run, _metric_keys(run))}
         return render(request, "dashboard/run_detail.html#charts", context)
     if "resumes" in request.GET and request.htmx:
-        # The resumes of the run, polled while one is on its way (recovery_views).
+        # The run's resumes, polled while one is on its way (cycle: recovery_views imports us)
         from webapp.dashboard.recovery_views import resumes_fragment
 
         run = get_object_or_404(Run.objects.filter(project=project).with_health(), key=key)
@@ -227,6 +227,7 @@ def run_detail(request, key: str):
         if not table["polling"]:
             response.status_code = HttpResponseStopPolling.status_code
         return response
+    # cycle: webapp.dashboard.recovery_views imports this module
     from webapp.dashboard.recovery_views import recovery_offer, resumes_context
 
     family = families.families_of(project.pk, [run])[run.pk]

@@ -19,13 +19,13 @@ from django.utils import timezone
 
 from webapp.domain.health import alerts
 from webapp.domain.locks import for_update
+from webapp.domain.models import Checkpoint, Event
 from webapp.domain.ranks import incomplete_message
 
 
 def close_overdue(now: datetime | None = None, limit: int = 1000) -> list[int]:
     """Mark incomplete the waiting checkpoints whose first part is older than the wait;
     returns their ids."""
-    from webapp.domain.models import Checkpoint
 
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.CHECKPOINT_PARTS_WAIT_S)
@@ -41,8 +41,6 @@ def close_overdue(now: datetime | None = None, limit: int = 1000) -> list[int]:
 
 
 def _close(checkpoint_id: int) -> bool:
-    from webapp.domain.models import Checkpoint, Event
-
     with transaction.atomic():
         checkpoint = for_update(Checkpoint.objects).filter(pk=checkpoint_id).first()
         if checkpoint is None or checkpoint.status != "saving" or checkpoint.world_size is None:

@@ -14,9 +14,12 @@ from __future__ import annotations
 import functools
 from contextlib import AbstractContextManager
 
+import redis
 from celery import Celery, current_app
 from celery.canvas import Signature
+from django.conf import settings
 from django.db import transaction
+from kombu import Queue
 
 QUEUES = ("validate", "replicate", "restore", "gpu", "launch", "alerts")
 
@@ -42,8 +45,6 @@ APP_NAME = "lifeboat"
 
 def configure(app: Celery) -> Celery:
     """Broker and serializers from Django's settings, queues and routes from here."""
-    from kombu import Queue
-
     app.config_from_object("django.conf:settings", namespace="CELERY")
     app.conf.task_queues = [Queue(name) for name in QUEUES]
     app.conf.task_routes = ROUTES
@@ -84,9 +85,6 @@ def producer() -> AbstractContextManager:
 def waiting(queue: str) -> int | None:
     """Messages waiting on `queue` (not those a worker has taken), or None when the
     broker does not answer. With a Redis broker a queue is a list of that name."""
-    import redis
-    from django.conf import settings
-
     try:
         client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2)
         return int(client.llen(queue))

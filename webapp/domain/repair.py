@@ -32,10 +32,12 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import redis
 from django.conf import settings
 from django.utils import timezone
 
 from webapp.domain import publish
+from webapp.domain.models import Event
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +82,16 @@ def stuck_before(now: datetime) -> datetime:
 
 
 def _stages():
+    # cycle: webapp.domain.recovery.owed imports this module
     from webapp.domain.recovery import owed as recovery
+
+    # cycle: webapp.domain.replication.owed imports this module
     from webapp.domain.replication import owed as replication
+
+    # cycle: webapp.domain.retention.owed imports this module
     from webapp.domain.retention import owed as retention
+
+    # cycle: webapp.domain.validation.owed imports this module
     from webapp.domain.validation import owed as validation
 
     return (
@@ -110,8 +119,6 @@ def sweep(now: datetime | None = None, limit: int = 1000) -> list[Owed]:
 
 
 def _note(done: list[Owed], now: datetime) -> None:
-    from webapp.domain.models import Event
-
     for owed in done:
         log.warning("sweep: %s (%s)", owed.what, owed.stage)
         Event.record(
@@ -137,8 +144,6 @@ def _note(done: list[Owed], now: datetime) -> None:
 
 
 def _redis():
-    import redis
-
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
 
 

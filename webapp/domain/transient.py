@@ -13,8 +13,17 @@ from __future__ import annotations
 
 import random
 
+from botocore.exceptions import (
+    ClientError,
+    ConnectionClosedError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
 from django.db import InterfaceError
 from django.db import OperationalError as DatabaseOperationalError
+from kombu.exceptions import OperationalError as KombuOperationalError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # S3 error codes that mean "later": throttling, and a server that is busy or restarting.
 S3_LATER = frozenset(
@@ -34,21 +43,10 @@ S3_LATER = frozenset(
 
 
 def _broker_errors() -> tuple[type[BaseException], ...]:
-    from kombu.exceptions import OperationalError as KombuOperationalError
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
     return (KombuOperationalError, RedisConnectionError, RedisTimeoutError)
 
 
 def _s3_later(exc: BaseException) -> bool:
-    from botocore.exceptions import (
-        ClientError,
-        ConnectionClosedError,
-        EndpointConnectionError,
-        ReadTimeoutError,
-    )
-
     if isinstance(exc, EndpointConnectionError | ConnectionClosedError | ReadTimeoutError):
         return True
     if isinstance(exc, ClientError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django import template
 from django.utils.html import format_html
 
+from webapp.dashboard.run_sorting import RUN_SORTS
 from webapp.dashboard.templatetags.numbers import format_seconds
 
 register = template.Library()
@@ -16,7 +17,6 @@ def sort_link(context, key: str, label: str):
     """A column header that sorts by `key`, keeping the other filters. On the current
     sort it reverses the direction; the arrow says the direction shown: ↑ ascending,
     ↓ descending."""
-    from webapp.dashboard.run_sorting import RUN_SORTS
 
     request = context["request"]
     query = request.GET.copy()

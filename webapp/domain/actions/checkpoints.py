@@ -13,6 +13,9 @@ from webapp.domain.actions.common import ActionRefused, NoSuchTarget, Requested,
 from webapp.domain.models import Checkpoint, Event, Validation
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ReplicaStatus, ValidationKind
+from webapp.domain.recovery import quarantine
+from webapp.domain.recovery import restore_test as restore_tests
+from webapp.domain.replication.policy import request as request_replicas
 
 
 def validate(checkpoint: Checkpoint, actor: str) -> Requested:
@@ -73,7 +76,6 @@ def release(checkpoint: Checkpoint, actor: str) -> bool:
     """Take a checkpoint out of quarantine (recovery/quarantine.py): resumes, `latest`
     and automatic resume may take it again. Returns whether it was quarantined; the
     release is audited with the reason it had."""
-    from webapp.domain.recovery import quarantine
 
     return quarantine.release(checkpoint, actor)
 
@@ -82,7 +84,6 @@ def restore_test(checkpoint: Checkpoint, actor: str) -> Requested:
     """Queue a restore test (download from a verified replica, load, time each phase),
     or name the one already queued or running. Raises ActionRefused without a verified
     replica (a restore test never reads the local copy)."""
-    from webapp.domain.recovery import restore_test as restore_tests
 
     with transaction.atomic():
         locked = lock(checkpoint.pk)
@@ -115,7 +116,6 @@ def replicate(checkpoint: Checkpoint, actor: str, target: str | None = None) -> 
     verified copy of the same files is left alone (coalesced). Returns the replica ids
     queued, possibly none. Raises NoSuchTarget, or ActionRefused if the checkpoint is
     not verified."""
-    from webapp.domain.replication.policy import request as request_replicas
 
     with transaction.atomic():
         locked = lock(checkpoint.pk)

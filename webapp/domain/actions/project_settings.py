@@ -14,6 +14,7 @@ import re
 from django.db import transaction
 
 from webapp.domain.actions.admin import Caller, SettingInvalid, audit, require_admin
+from webapp.domain.confined_files import Refused, relative_parts
 from webapp.domain.ingest.event_schema import INT64_MAX
 from webapp.domain.locks import for_update
 from webapp.domain.models import LaunchProfile, Project
@@ -53,8 +54,6 @@ def check_restore_checks(value: object) -> dict:
         if key in value and not (isinstance(value[key], str) and value[key]):
             raise refuse(f"{key} must be a non-empty string.")
     if "file" in value:
-        from webapp.domain.confined_files import Refused, relative_parts
-
         try:
             relative_parts(value["file"], "file")
         except Refused as exc:

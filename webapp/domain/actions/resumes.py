@@ -11,6 +11,7 @@ from webapp.domain.actions.common import ActionRefused, lock
 from webapp.domain.locks import for_update
 from webapp.domain.models import Checkpoint, Event, LaunchProfile, Resume
 from webapp.domain.models.recovery import ResumeStatus
+from webapp.domain.recovery import resume as resumes
 
 ENDED = (ResumeStatus.SUCCEEDED, ResumeStatus.FAILED, ResumeStatus.CANCELLED)
 
@@ -23,7 +24,6 @@ def resume(
     replica first if its local copy is unusable), on `world_size` ranks when given:
     webapp.domain.recovery.resume.request, under the checkpoint's lock. Raises
     ActionRefused with the reason."""
-    from webapp.domain.recovery import resume as resumes
 
     with transaction.atomic():
         locked = lock(checkpoint.pk)
@@ -36,7 +36,6 @@ def resume(
 def cancel_resume(resume: Resume, actor: str) -> Resume:
     """Stop a resume that has not ended: the launch host of its profile stops the
     process (or Slurm job) there. Raises ActionRefused once it has ended."""
-    from webapp.domain.recovery import resume as resumes
 
     with transaction.atomic():
         locked = for_update(Resume.objects.select_related("checkpoint", "profile"))

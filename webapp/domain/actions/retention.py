@@ -5,8 +5,10 @@ from __future__ import annotations
 from django.db import transaction
 
 from webapp.domain import publish
+from webapp.domain.actions.common import ActionRefused
 from webapp.domain.locks import for_update
-from webapp.domain.models import Event, Project
+from webapp.domain.models import Event, Project, StorageAudit
+from webapp.domain.models.storage_audit import AuditStatus
 
 
 def apply_retention(project: Project, actor: str) -> Event:
@@ -45,9 +47,6 @@ def audit_storage(target, actor: str) -> Event:
 def clean_storage(audit, actor: str) -> Event:
     """Delete what the audit found, checked again by the worker (orphans.clean): only the
     newest finished audit of its target, once."""
-    from webapp.domain.actions.common import ActionRefused
-    from webapp.domain.models import StorageAudit
-    from webapp.domain.models.storage_audit import AuditStatus
 
     with transaction.atomic():
         row = for_update(StorageAudit.objects.filter(pk=audit.pk)).select_related("target").get()

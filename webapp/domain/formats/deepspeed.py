@@ -22,6 +22,7 @@ class DeepSpeed(Format):
         note_model_states(rel, obj, job.report)
 
     def inspect_checkpoint(self, job: Inspection) -> None:
+        # Imported here: the child's modules, which the parent side must not load.
         from webapp.domain.validation.inspect_deepspeed import check_folders
 
         check_folders(job.files, job.report)

@@ -31,6 +31,7 @@ class Safetensors(Format):
         return rel.endswith(SUFFIX)
 
     def load_file(self, full: str):
+        # safetensors loads only where a checkpoint is opened
         from safetensors.torch import load_file
 
         return load_file(full, device="cpu")

@@ -10,6 +10,9 @@ if it shadowed the library that its hooks import."""
 
 from __future__ import annotations
 
+import gc
+import zipfile
+
 from webapp.domain.formats.base import Format, Inspection
 from webapp.domain.validation import torch_files
 
@@ -27,8 +30,6 @@ class TorchSave(Format):
         return torch_files.claimed(rel)
 
     def inspect_file(self, job: Inspection, rel: str, size: int, head: bytes) -> None:
-        import gc
-
         # Imported here: torch, which the parent side that reads the registry must not load.
         from webapp.domain.validation.inspect_torch import inspect_torch_file
 
@@ -42,9 +43,7 @@ class TorchSave(Format):
         return torch_files.is_torch_file(full)  # by its bytes, whatever its name
 
     def load_file(self, full: str):
-        import zipfile
-
-        import torch
+        import torch  # torch loads only where a checkpoint is opened, never in the web
 
         # Memory-mapped where the format allows (zip, torch >= 1.6); a legacy pickle-stream
         # file can only be read whole.

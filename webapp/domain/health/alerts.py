@@ -33,6 +33,11 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from lifeboat.units import format_seconds
+from webapp.domain import publish
+from webapp.domain.models import Checkpoint, Project, Run
+from webapp.domain.models.alerts import Flip
+from webapp.domain.models.runs import Health, RunStatus
+from webapp.domain.recovery import auto_resume, quarantine
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +59,6 @@ def record(
 ):
     """Insert the flip unless one with `key` exists; enqueue its processing after commit.
     Returns the new Flip, or None if it was recorded before."""
-    from webapp.domain.models.alerts import Flip
 
     try:
         with transaction.atomic():
@@ -74,8 +78,6 @@ def record(
 
 
 def _enqueue_processing(flip_id: int) -> None:
-    from webapp.domain import publish
-
     try:
         publish.send("workers.alerts.process_flip", (flip_id,))
     except Exception:  # noqa: BLE001 (the beat sweep processes it within a minute)
@@ -101,8 +103,6 @@ def learn_interval(run) -> float | None:
 
 def check_runs(now=None) -> list:
     """One sweep over the runs that can change state; returns the flips it recorded."""
-    from webapp.domain.models import Run
-    from webapp.domain.models.runs import Health, RunStatus
 
     now = now or timezone.now()
     flips = []
@@ -172,8 +172,6 @@ def check_runs(now=None) -> list:
 
 
 def _auto_resume(run, reason: str) -> None:
-    from webapp.domain.recovery import auto_resume, quarantine
-
     try:
         if reason == "failed":
             # Before the resume: a checkpoint quarantined now is not the one it takes.
@@ -186,7 +184,6 @@ def _auto_resume(run, reason: str) -> None:
 def claim_state(run, state: str) -> bool:
     """Move the run's alert state from what this worker saw: a conditional UPDATE, so of
     two sweeps that saw the same state only one moves it (and records the flip)."""
-    from webapp.domain.models import Run
 
     return Run.objects.filter(pk=run.pk, alert_state=run.alert_state).update(alert_state=state) == 1
 
@@ -230,8 +227,6 @@ def on_verdict(checkpoint, validation, previous_status: str) -> None:
 
 
 def check_slow_save(checkpoint) -> None:
-    from webapp.domain.models import Checkpoint
-
     if not checkpoint.save_seconds:
         return
     usual = list(
@@ -273,8 +268,6 @@ def on_replica_failed(replica) -> None:
 
 
 def check_quotas() -> list:
-    from webapp.domain.models import Checkpoint, Project
-
     flips = []
     for project in Project.objects.filter(storage_quota_bytes__isnull=False):
         used = (

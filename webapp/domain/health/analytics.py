@@ -35,6 +35,8 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from webapp.domain.models import Checkpoint, Run, Validation
+
 RECENT = 1000
 
 
@@ -118,7 +120,6 @@ def project_mtbf(project, now=None) -> tuple[float | None, int, str]:
     ANALYTICS_MTBF_MIN_FAILURES failures and ANALYTICS_MTBF_MIN_HOURS of running time
     (one failure after a few seconds says nothing about the next one). Before that,
     (None, failures, a sentence saying what it needs)."""
-    from webapp.domain.models import Run
 
     now = now or timezone.now()
     running_time = ExpressionWrapper(
@@ -218,7 +219,6 @@ def _mtbf(run, mtbf_seconds: float | None, now) -> tuple[float | None, int, str,
 def for_run(run, mtbf_seconds: float | None = None, now=None) -> RunAnalytics:
     """The figures of `run` from its checkpoints, and the intervals for its checkpoint
     cost. `mtbf_seconds` overrides the project's history."""
-    from webapp.domain.models import Checkpoint
 
     now = now or timezone.now()
     notes: list[str] = []
@@ -292,7 +292,6 @@ def for_run(run, mtbf_seconds: float | None = None, now=None) -> RunAnalytics:
 
 def _restore_seconds(run) -> float | None:
     """The measured time to recover: the latest passed restore test's total, if any."""
-    from webapp.domain.models import Validation
 
     latest = (
         Validation.objects.filter(checkpoint__run=run, kind="restore", status="passed")

@@ -33,6 +33,10 @@ from django.db.models import Count, Exists, OuterRef, Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from webapp.domain.health import run_health
+from webapp.domain.models import Run
+from webapp.domain.models.runs import RunStatus
+
 ORDER = ("failed", "overdue", "late", "preempted", "up", "running", "finished", "none")
 
 
@@ -99,8 +103,6 @@ class Badge:
 
 
 def for_run(run, now=None) -> Badge:
-    from webapp.domain.health import run_health
-
     state = state_of(run.status, run_health.of(run, now).health)
     return Badge(label=run.key, state=state, counts={state: 1})
 
@@ -108,8 +110,6 @@ def for_run(run, now=None) -> Badge:
 def for_runs(project, tag: str | None = None, now=None) -> Badge:
     """The worst state among the project's counted runs (of `tag`, if given), with the
     number of runs in each state: one query, whatever the number of runs."""
-    from webapp.domain.models import Run
-    from webapp.domain.models.runs import RunStatus
 
     now = now or timezone.now()
     runs = Run.objects.filter(project=project)

@@ -19,12 +19,12 @@ from django.utils import timezone
 from webapp.domain import channels
 from webapp.domain.channels import signing
 from webapp.domain.locks import for_update
+from webapp.domain.models.alerts import AlertChannel, Flip, Notification, NotificationStatus
 
 
 def process(flip_id: int) -> list[int]:
     """Claim the flip and create one notification per channel that wants it; returns the
     notification ids to deliver. A second call finds it claimed and does nothing."""
-    from webapp.domain.models.alerts import AlertChannel, Flip, Notification
 
     now = timezone.now()
     if Flip.objects.filter(pk=flip_id, processed_at__isnull=True).update(processed_at=now) != 1:
@@ -44,7 +44,6 @@ def process(flip_id: int) -> list[int]:
 def deliver(notification_id: int) -> str | float:
     """One attempt. Returns the final status, or the seconds to wait before the next
     attempt. Safe to call twice: a settled notification is left alone."""
-    from webapp.domain.models.alerts import Notification, NotificationStatus
 
     now = timezone.now()
     with transaction.atomic():

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from webapp.domain.models import Resume, Run
+from webapp.domain.recovery.resume import FINAL
+
 # (state, tone): tone picks the badge colour (badge-tone-<tone>).
 RECOVERED = ("recovered", "ok")
 RECOVERED_RUNNING = ("recovered, running", "ok")
@@ -88,8 +91,6 @@ def families_of(project_id: int, runs) -> dict[int, Family]:
     """{run id: its Family} for these runs of the project (Run objects or ids): the
     links, the resumes on their way and, when a family has runs not given here, those
     runs: two or three queries however many runs."""
-    from webapp.domain.models import Resume, Run
-    from webapp.domain.recovery.resume import FINAL
 
     runs = list(runs)
     known = {r.pk: {f: getattr(r, f) for f in FIELDS} for r in runs if isinstance(r, Run)}

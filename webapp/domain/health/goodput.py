@@ -29,7 +29,10 @@ from datetime import datetime
 from django.conf import settings
 from django.utils import timezone
 
+from webapp.domain.health import analytics
 from webapp.domain.ingest.clock import believable_times
+from webapp.domain.models import Checkpoint, Event, Run
+from webapp.domain.recovery.auto_resume import lineage
 
 CAUSES = ("checkpoint_save", "lost_work", "restart", "restore", "idle", "other")
 ENDED_BADLY = ("failed", "preempted")
@@ -291,8 +294,6 @@ def _share(out: Ledger, attempt: Attempt) -> dict:
 def family_of(run) -> list:
     """The run's training: the first run of its lineage and every run resumed from it,
     at any depth."""
-    from webapp.domain.models import Run
-    from webapp.domain.recovery.auto_resume import lineage
 
     root = lineage(run)[-1]
     family, frontier = {root.pk: root}, [root.pk]
@@ -319,7 +320,6 @@ def attempts_of(runs: list) -> list[Attempt]:
     """The attempts of the runs, read from their events (at the times clock.py believes):
     each run.started begins one, so a run key started again (a requeue, a resume under
     the same key) has several."""
-    from webapp.domain.models import Checkpoint, Event
 
     by_id = {r.pk: r for r in runs}
     rows = list(
@@ -407,7 +407,6 @@ def what_if(run, measured: Ledger, mtbf_seconds: float | None = None, figures=No
     and at Daly's interval, with the same save time, MTBF and restart time
     (health/analytics.py): what changing the interval would buy. The model counts saves,
     lost work and restarts only, so compare the difference, not the levels."""
-    from webapp.domain.health import analytics
 
     figures = figures or analytics.for_run(run, mtbf_seconds=mtbf_seconds)
     now_waste, daly_waste = figures.waste_actual, figures.waste_daly

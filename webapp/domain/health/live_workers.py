@@ -18,8 +18,13 @@ import json
 import logging
 from datetime import datetime, timedelta
 
+import redis
 from django.conf import settings
 from django.utils import timezone
+
+from webapp.domain import publish
+from webapp.domain.health import alerts
+from webapp.domain.models import Replica, ValidationPart
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +32,11 @@ KEY = "lifeboat:workers"
 
 
 def _redis():
-    import redis
-
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
 
 
 def ask(timeout: float = 1.0) -> dict[str, list[str]]:
     """{worker name: [queues]} of every worker that answers within `timeout`."""
-    from webapp.domain import publish
 
     replies = publish.app().control.inspect(timeout=timeout).active_queues() or {}
     return {name: sorted(q["name"] for q in queues) for name, queues in replies.items()}
@@ -73,7 +75,6 @@ def stranded_hosts(project_id: int | None = None, now: datetime | None = None) -
     """{host: {"waiting": n, "queues": {names}, "projects": {ids}}}: node-local work (a
     validation part, a replica's leg) queued on a host's queue longer than
     SWEEP_LOST_AFTER_S, with no live worker on that queue."""
-    from webapp.domain.models import Replica, ValidationPart
 
     known = snapshot()
     if known is None:
@@ -109,7 +110,6 @@ def stranded_hosts(project_id: int | None = None, now: datetime | None = None) -
 
 def alert_stranded(now: datetime | None = None) -> list:
     """One alert per project, host and hour while its parts wait with no worker."""
-    from webapp.domain.health import alerts
 
     now = now or timezone.now()
     flips = []

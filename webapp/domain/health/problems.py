@@ -9,7 +9,10 @@ from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q
 
 from webapp.domain import repair
+from webapp.domain.health import live_workers
+from webapp.domain.models import Checkpoint, Resume, Run
 from webapp.domain.models.checkpoints import DAMAGED as DAMAGED_STATUSES
+from webapp.domain.recovery.resume import FINAL
 
 # Filter values of the runs list beyond RunStatus and Health.
 UNRESUMED_FAILED = "failed-unresumed"
@@ -18,8 +21,6 @@ DAMAGED = "damaged"
 
 def unresumed_failed_q() -> Q:
     """Failed, and no run resumed from it and no resume of it on its way."""
-    from webapp.domain.models import Resume, Run
-    from webapp.domain.recovery.resume import FINAL
 
     child = Run.objects.filter(resumed_from__isnull=False, resumed_from__run=OuterRef("pk"))
     pending = Resume.objects.filter(run=OuterRef("pk")).exclude(status__in=FINAL)
@@ -28,7 +29,6 @@ def unresumed_failed_q() -> Q:
 
 def damaged_q() -> Q:
     """A run with a corrupt or suspicious checkpoint."""
-    from webapp.domain.models import Checkpoint
 
     bad = Checkpoint.objects.filter(run=OuterRef("pk"), status__in=DAMAGED_STATUSES)
     return Q(Exists(bad))
@@ -39,7 +39,6 @@ def summary(project_id: int) -> list[dict]:
     with a count only; three queries. The overdue and late count works out the health
     of every running run (about 200 ms at 10,000 runs), so the runs list asks for the
     summary in a request of its own, after the page is up."""
-    from webapp.domain.models import Checkpoint, Run
 
     runs = Run.objects.filter(project_id=project_id)
     failed = runs.filter(status="failed").filter(unresumed_failed_q()).count()
@@ -80,7 +79,6 @@ def summary(project_id: int) -> list[dict]:
 
 def _stranded(project_id: int) -> list[dict]:
     """Hosts whose node-local parts wait with no live worker on their queue."""
-    from webapp.domain.health import live_workers
 
     return [
         {

@@ -37,6 +37,7 @@ def annotate(queryset, now=None):
     Adds `last_checkpoint_at` itself unless the queryset has it already: from RunStats,
     which triggers keep (webapp/domain/models/runs.py), so that filtering 10,000 runs by
     health reads no checkpoint."""
+    # cycle: webapp.domain.models imports this module via webapp.domain.models.runs
     from webapp.domain.models.runs import ENDED, Health, SecondsBetween
 
     now = now or timezone.now()
@@ -68,6 +69,7 @@ def watched(queryset):
     same rule as annotate()'s first two cases, said as plain conditions, so that a filter
     on one of those healths skips the other runs before the health of each is computed
     (the project page filtered to overdue runs, bench/pages.py)."""
+    # cycle: webapp.domain.models imports this module via webapp.domain.models.runs
     from webapp.domain.models.runs import ENDED
 
     return queryset.exclude(status__in=ENDED).filter(expected_interval_s__gt=0)
@@ -103,6 +105,7 @@ def of(run, now=None) -> RunHealth:
     elif now is None and getattr(run, "_run_health", None) is not None:
         return run._run_health  # asked again for the same row in the same answer
     else:
+        # cycle: webapp.domain.models imports this module via webapp.domain.models.runs
         from webapp.domain.models import Run
 
         row = annotate(Run.objects.filter(pk=run.pk), now).values(

@@ -23,6 +23,7 @@ from pydantic import (
     Field,
     StrictInt,
     StrictStr,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -343,7 +344,6 @@ def _friendly(error: Mapping) -> str:
 
 def parse_event(index: int, raw: Any) -> _Event:
     """Validate one decoded JSON event, or raise EventError naming the first problem."""
-    from pydantic import ValidationError
 
     if not isinstance(raw, dict):
         raise EventError(index, None, "an event must be a JSON object")

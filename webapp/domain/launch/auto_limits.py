@@ -11,12 +11,13 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from webapp.domain.models import Resume
+
 UNFINISHED = ("requested", "restoring", "launching", "running")
 
 
 def refusal(project) -> str | None:
     """Why the project may not launch another automatic resume now, or None."""
-    from webapp.domain.models import Resume
 
     mine = Resume.objects.filter(project=project, automatic=True)
     active = mine.filter(status__in=UNFINISHED).count()

@@ -5,6 +5,8 @@ hashed like every token, and revoked when the resume reaches a final state
 
 from __future__ import annotations
 
+from webapp.domain.models import ApiToken
+
 JOB_SCOPES = ["ingest", "read"]
 
 
@@ -20,8 +22,6 @@ def issue(resume) -> str:
 
 def revoke(resume) -> None:
     if resume.token_id is not None:
-        from webapp.domain.models import ApiToken
-
         token = ApiToken.objects.filter(pk=resume.token_id).first()
         if token is not None:
             token.revoke()

@@ -30,6 +30,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from shutil import which
 
 SUBMIT_TIMEOUT_S = 60.0
 QUERY_TIMEOUT_S = 30.0
@@ -82,7 +83,6 @@ class JobState:
 
 def available() -> bool:
     """Whether the Slurm client is installed on this host."""
-    from shutil import which
 
     return all(which(name) for name in ("sbatch", "squeue", "scontrol", "scancel"))
 
@@ -104,7 +104,6 @@ def client_env() -> dict[str, str]:
 
 def program(name: str) -> str:
     """The absolute path of a Slurm command, looked up on the worker's own PATH."""
-    from shutil import which
 
     found = which(name, path=os.environ.get("PATH", os.defpath))
     if not found:

@@ -4,8 +4,10 @@ metrics a run reported (used to check that a resumed run follows the same path).
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from webapp.domain.models.recovery import Replica, ReplicaStatus
 from webapp.domain.ranks import missing_ranks
 
 
@@ -54,9 +56,6 @@ def resumable_q() -> models.Q:
     here, or its local copy lost and a replica verified; and not quarantined.
     resume.request() refuses what it excludes; the dashboard's pages, buttons and
     "latest verified" use it too."""
-    from django.db.models import Exists, OuterRef
-
-    from webapp.domain.models.recovery import Replica, ReplicaStatus
 
     replica = Replica.objects.filter(checkpoint=OuterRef("pk"), status=ReplicaStatus.VERIFIED)
     usable = models.Q(status=CheckpointStatus.VERIFIED) | models.Q(

@@ -13,6 +13,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 from django.utils import timezone
 
+from webapp.domain.launch.job_env import refusal
+from webapp.domain.launch.template import TemplateRefused, check
 from webapp.domain.locks import for_update
 
 TOKEN_PREFIX = "lb_"  # noqa: S105 (a prefix, not a secret)
@@ -352,6 +354,7 @@ class StorageTarget(models.Model):
     def save(self, *args, **kwargs):
         """Saved in one spelling, so that two targets naming one place look alike
         (webapp/domain/replication/namespace.py compares them by place either way)."""
+        # cycle: webapp.domain.replication.namespace imports this module via webapp.domain.models
         from webapp.domain.replication.namespace import normal_endpoint, normal_prefix
 
         self.prefix = normal_prefix(self.prefix)
@@ -388,13 +391,10 @@ class LaunchProfile(models.Model):
         return f"{self.name} ({self.kind})"
 
     def clean(self) -> None:
-        from webapp.domain.launch.template import TemplateRefused, check
-
         try:
             check(self.command_template or "")
         except TemplateRefused as exc:
             raise ValidationError({"command_template": str(exc)}) from None
-        from webapp.domain.launch.job_env import refusal
 
         env = (self.options or {}).get("env") or {}
         if not isinstance(env, dict):

@@ -266,6 +266,7 @@ class Resume(models.Model):
         time of the new run's first metrics point (what bench/resume.py measures)."""
         if self.new_run_id is None:
             return None
+        # cycle: webapp.domain.models imports this module
         from webapp.domain.models import MetricPoint
 
         first = (

@@ -9,7 +9,10 @@ from django.db.models import F, Func, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from webapp.domain.health import run_health
 from webapp.domain.health.run_health import HEALTH_GRACE  # noqa: F401 (re-exported)
+from webapp.domain.models.checkpoints import Checkpoint, CheckpointStatus, resumable_q
+from webapp.domain.models.recovery import Replica, ReplicaStatus
 
 
 class RunStatus(models.TextChoices):
@@ -61,8 +64,6 @@ class RunQuerySet(models.QuerySet):
         storage_bytes, checkpoint_count), and from a correlated subquery on an index
         each, computed for the rows shown only, latest_verified_step and
         verified_replicas."""
-        from webapp.domain.models.checkpoints import Checkpoint, resumable_q
-        from webapp.domain.models.recovery import Replica, ReplicaStatus
 
         of_run = Checkpoint.objects.filter(run=OuterRef("pk"))
         # "Latest verified": what a resume can start from, a verified replica included.
@@ -97,7 +98,6 @@ class RunQuerySet(models.QuerySet):
     def with_problem_counts(self):
         """Annotate corrupt_checkpoints and suspicious_checkpoints: two counts per run,
         each on the (run, status, step) index."""
-        from webapp.domain.models.checkpoints import Checkpoint, CheckpointStatus
 
         def count(status):
             rows = (
@@ -117,7 +117,6 @@ class RunQuerySet(models.QuerySet):
     def with_health(self, now=None):
         """Annotate `health` (a Health value), `health_since` and `checkpoint_age_s`:
         the one rule of webapp/domain/health/run_health.py."""
-        from webapp.domain.health import run_health
 
         return run_health.annotate(self, now)
 
@@ -185,13 +184,10 @@ class Run(models.Model):
         """up / late / overdue against expected_interval_s (see Health), measured from
         the newest saved checkpoint, or from the start while there is none: the SQL rule
         of webapp/domain/health/run_health.py, asked for this one run."""
-        from webapp.domain.health import run_health
 
         return run_health.of(self, now).health
 
     def latest_verified_checkpoint(self):
-        from webapp.domain.models.checkpoints import CheckpointStatus
-
         return (
             self.checkpoints.filter(status=CheckpointStatus.VERIFIED, quarantined_at__isnull=True)
             .order_by("-step")
@@ -200,7 +196,6 @@ class Run(models.Model):
 
     def latest_resumable_checkpoint(self):
         """The newest checkpoint a resume can start from (checkpoints.resumable_q)."""
-        from webapp.domain.models.checkpoints import resumable_q
 
         return self.checkpoints.filter(resumable_q()).order_by("-step").first()
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from webapp.domain.launch import auto_limits
 from webapp.domain.locks import for_update
+from webapp.domain.models import Event, Project, Resume
 from webapp.domain.recovery import quarantine
 from webapp.domain.recovery import resume as resumes
 
@@ -36,8 +38,6 @@ def maybe_auto_resume(run, reason: str):
     checkpoint, at most project.max_restarts times along its lineage (Determined's
     max_restarts) and within the project's bounds (webapp/domain/launch/auto_limits.py).
     Returns the Resume, or None with nothing done and a resume.skipped event saying why."""
-    from webapp.domain.launch import auto_limits
-    from webapp.domain.models import Event, Project, Resume
 
     project = run.project
     profile = project.auto_resume_profile
@@ -94,8 +94,8 @@ def maybe_auto_resume(run, reason: str):
 def _stop_loop(run, chain, why: str) -> None:
     """Automatic resume stops for this lineage: recorded on the run, and one alert for
     the run whose failure showed the loop (no attempt follows it, so none repeats it)."""
+    # cycle: webapp.domain.health.alerts imports this module
     from webapp.domain.health import alerts
-    from webapp.domain.models import Event
 
     message = f"Not resuming {run.key} automatically: a restart loop, {why}."
     Event.record("resume.skipped", run=run, actor="system", message=message)

@@ -29,6 +29,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp.domain.locks import for_update
+from webapp.domain.models import Checkpoint, Event, MetricPoint, Resume, Run
+from webapp.domain.models.runs import RunStatus
+from webapp.domain.recovery.resume import new_run_key
 
 _ERROR_CLASS = re.compile(r"\b([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))\b")
 
@@ -36,7 +39,6 @@ _ERROR_CLASS = re.compile(r"\b([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)
 def made_progress(run, checkpoint) -> bool:
     """The run reported a step past the checkpoint it was resumed from: in a heartbeat
     (Run.last_step), a metric or a checkpoint."""
-    from webapp.domain.models import MetricPoint
 
     if run.last_step is not None and run.last_step > checkpoint.step:
         return True
@@ -60,8 +62,6 @@ def failed_resumes(checkpoint) -> list:
     """The runs of Lifeboat's resumes from `checkpoint` (its own launches: a job that only
     claims `resumed_from` in its events does not count) that failed before any progress,
     oldest first."""
-    from webapp.domain.models import Resume
-    from webapp.domain.models.runs import RunStatus
 
     resumes = Resume.objects.filter(checkpoint=checkpoint).select_related("new_run")
     runs = [_resumed_run(resume) for resume in resumes.order_by("pk")]
@@ -109,8 +109,8 @@ def note_failed_run(run) -> bool:
 def quarantine(checkpoint, reason: str, actor: str = "system") -> bool:
     """Set the checkpoint aside with `reason`, recorded and alerted once. False when it
     was already quarantined."""
+    # cycle: webapp.domain.health.alerts imports this module
     from webapp.domain.health import alerts
-    from webapp.domain.models import Checkpoint, Event
 
     with transaction.atomic():
         locked = for_update(Checkpoint.objects).select_related("run").get(pk=checkpoint.pk)
@@ -143,7 +143,6 @@ def quarantine(checkpoint, reason: str, actor: str = "system") -> bool:
 
 def release(checkpoint, actor: str) -> bool:
     """An operator takes the checkpoint out of quarantine; False if it was not in it."""
-    from webapp.domain.models import Checkpoint, Event
 
     with transaction.atomic():
         locked = for_update(Checkpoint.objects).select_related("run").get(pk=checkpoint.pk)
@@ -166,8 +165,6 @@ def release(checkpoint, actor: str) -> bool:
 def _resumed_run(resume):
     """The run a resume's job reported as: linked by the follower, else found by the
     key the job was given (resume.new_run_key)."""
-    from webapp.domain.models import Run
-    from webapp.domain.recovery.resume import new_run_key
 
     if resume.new_run is not None:
         return resume.new_run
@@ -178,8 +175,6 @@ def restart_loop(chain, project) -> str | None:
     """Why the lineage `chain` (newest run first) is in a restart loop, or None: its last
     `project.loop_after` resumes each ended without progress. A person's resumes count
     too: one that got somewhere ends the streak, one that did not adds to it."""
-    from webapp.domain.models import Resume
-    from webapp.domain.models.runs import RunStatus
 
     limit = max(project.loop_after, 1)
     attempts = list(

@@ -20,6 +20,11 @@ from django.conf import settings
 
 from lifeboat.parts import dcp_world_size
 from webapp.domain.child_payloads import ReshardRequest, ReshardResult
+from webapp.domain.models import SavedChunks, Validation
+from webapp.domain.models.recovery import ReplicaStatus
+from webapp.domain.recovery.resume import ResumeError
+from webapp.domain.replication.restore import RestoreError, restore_replica
+from webapp.domain.validation.sandbox import run_fresh_child
 
 CHILD_MODULE = "webapp.domain.recovery.reshard_load"
 MAX_WORLD_SIZE = 64  # processes forked on one worker: beyond that, a cluster's job
@@ -64,7 +69,6 @@ def refusal(checkpoint, world_size: int | None) -> str | None:
 
 def run_child(base: Path, files: list[str], world_sizes: list[int]) -> ReshardResult:
     """The child's answer (reshard_load.check); RuntimeError when it gave none."""
-    from webapp.domain.validation.sandbox import run_fresh_child
 
     request: ReshardRequest = {
         "base": str(base), "root": dcp_root(files) or "", "files": files,
@@ -88,7 +92,6 @@ def run_child(base: Path, files: list[str], world_sizes: list[int]) -> ReshardRe
 def levels(validation, scratch: Path, files: list[str], timings: dict) -> list[dict]:
     """The `reshard` level of a restore test, one entry per world size the project asks
     for (restore_checks["reshard"]); the chunks recorded when every one passes."""
-    from webapp.domain.models import SavedChunks
 
     checkpoint = validation.checkpoint
     sizes = (checkpoint.project.restore_checks or {}).get("reshard") or []
@@ -144,15 +147,12 @@ def altered_tensors(checkpoint, relative: str, mismatched: Path, limit: int = 5)
 
 
 def _saved_chunks(checkpoint) -> list:
-    from webapp.domain.models import SavedChunks
-
     found = SavedChunks.objects.filter(checkpoint=checkpoint).values_list("chunks", flat=True)
     return next(iter(found), [])
 
 
 def proven_on(checkpoint, world_size: int) -> bool:
     """Whether a passed restore test already loaded `checkpoint` on `world_size`."""
-    from webapp.domain.models import Validation
 
     for findings in Validation.objects.filter(
         checkpoint=checkpoint, kind="restore", status="passed"
@@ -173,9 +173,6 @@ def before_launch(resume) -> str:
     size first, from its verified replica into this worker's scratch folder (bytes that
     match their sha256, in a folder no job can write in). Returns what was done; raises
     ResumeError when it does not load, so the job is never launched on it."""
-    from webapp.domain.models.recovery import ReplicaStatus
-    from webapp.domain.recovery.resume import ResumeError
-    from webapp.domain.replication.restore import RestoreError, restore_replica
 
     checkpoint, world_size = resume.checkpoint, resume.world_size
     saved = saved_world_size(checkpoint)

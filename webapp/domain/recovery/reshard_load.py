@@ -84,6 +84,7 @@ class _RealDcpUnpickler(DcpMetadataUnpickler):
 
 
 def _safe_reader(path: str):
+    # torch.distributed loads only when a DCP folder is read, not with this module
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -126,6 +127,7 @@ def _rank_main(rank: int, world_size: int, folder: str, store: str, tensors: dic
     sha256 to `out` (JSON), or the error."""
     result: dict = {"rank": rank, "shares": {}, "error": None}
     try:
+        # torch.distributed loads only in the ranks, inside the try that reports its failure
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
         from torch.distributed.device_mesh import init_device_mesh

@@ -15,6 +15,9 @@ from pathlib import Path
 from django.conf import settings
 
 from webapp.domain.launch import run_as
+from webapp.domain.models import MetricPoint
+from webapp.domain.validation.inspector import child_env
+from webapp.domain.validation.torch_files import is_torch_file
 
 
 class ConfigRefused(Exception):
@@ -34,7 +37,6 @@ def _main_file(scratch: Path, files: list[str], configured: str | None) -> Path:
                 f"files ({', '.join(files[:5])}{', …' if len(files) > 5 else ''})"
             )
         return scratch / configured
-    from webapp.domain.validation.torch_files import is_torch_file
 
     loadable = [f for f in files if is_torch_file(scratch / f)]
     return scratch / max(loadable or files, key=lambda f: (scratch / f).stat().st_size)
@@ -45,7 +47,6 @@ def _child_check(request: dict, user=None) -> dict:
     (run_as.py: the code is the project's, and must reach nothing of the worker's). The
     checkpoint is handed over as an open descriptor (/proc/self/fd/N): the scratch folder
     it lies in stays the worker's."""
-    from webapp.domain.validation.inspector import child_env
 
     fds: tuple[int, ...] = ()
     if user is not None:
@@ -77,7 +78,6 @@ def _child_check(request: dict, user=None) -> dict:
 
 def deep_levels(validation, scratch: Path, files: list[str], timings: dict) -> list[dict]:
     """The forward and replay levels the project turned on (deep_checks.py)."""
-    from webapp.domain.models import MetricPoint
 
     checkpoint = validation.checkpoint
     config = checkpoint.project.restore_checks or {}

@@ -29,10 +29,11 @@ import sys
 import time
 
 from webapp.domain import formats
+from webapp.domain.validation.inspector import serve_forked
 
 
 def _tensors(obj, out: list) -> None:
-    import torch
+    import torch  # torch loads only where a checkpoint is opened, never in the web
 
     if isinstance(obj, torch.Tensor):
         out.append(obj)
@@ -47,7 +48,7 @@ def _tensors(obj, out: list) -> None:
 def load(request: dict) -> dict:
     """Loads the request's files and moves their tensors to the device; never raises for a
     file that does not load (the result's "error" says why)."""
-    import torch
+    import torch  # torch loads only where a checkpoint is opened, never in the web
 
     wanted = request.get("device", "auto")
     use_cuda = torch.cuda.is_available() and wanted in ("auto", "cuda")
@@ -120,8 +121,6 @@ def load(request: dict) -> dict:
 def main() -> int:
     if sys.argv[1:] == ["--serve"]:
         import torch  # noqa: F401 (once, here, before any child is forked)
-
-        from webapp.domain.validation.inspector import serve_forked
 
         return serve_forked(load)
     json.dump(load(json.load(sys.stdin)), sys.stdout)

@@ -35,8 +35,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from lifeboat.units import human_size
+from webapp.domain import publish
+from webapp.domain.health import alerts
 from webapp.domain.launch.run_as import RunAsRefused
+from webapp.domain.models import Checkpoint, Event, Run, Validation
+from webapp.domain.models.recovery import ReplicaStatus, ValidationKind, ValidationStatus
 from webapp.domain.recovery import quarantine, reshard, restore_checks
+from webapp.domain.replication.restore import RestoreError, restore_replica
+from webapp.domain.validation.inspector import largest_file, warm_helper
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +81,6 @@ def has_gpu() -> bool:
 def request(checkpoint, requested_by: str = ""):
     """Queue a restore test of `checkpoint` after the caller's transaction commits, unless
     one is already queued or running. Returns the Validation."""
-    from webapp.domain.models import Validation
-    from webapp.domain.models.recovery import ValidationKind, ValidationStatus
 
     existing = Validation.objects.filter(
         checkpoint=checkpoint,
@@ -93,8 +97,6 @@ def request(checkpoint, requested_by: str = ""):
 
 
 def enqueue(validation_id: int) -> str:
-    from webapp.domain import publish
-
     queue = "gpu" if gpu_worker_alive() else "restore"
     try:
         publish.send("workers.restore.restore_test", (validation_id,), queue=queue)
@@ -106,8 +108,6 @@ def enqueue(validation_id: int) -> str:
 def schedule(now=None) -> list[int]:
     """The latest verified checkpoint (with a verified replica) of every active run gets a
     restore test if it had none in RESTORE_TEST_EVERY_S. Returns the validation ids."""
-    from webapp.domain.models import Checkpoint, Run, Validation
-    from webapp.domain.models.recovery import ReplicaStatus, ValidationKind, ValidationStatus
 
     now = now or timezone.now()
     every = timedelta(seconds=settings.RESTORE_TEST_EVERY_S)
@@ -143,8 +143,6 @@ def schedule(now=None) -> list[int]:
 def claim(validation_id: int):
     """Take the test: queued, or running past its lease (the worker died). None if another
     worker has it or it is settled: then there is nothing to do."""
-    from webapp.domain.models import Validation
-    from webapp.domain.models.recovery import ValidationStatus
 
     now = timezone.now()
     lease = now - timedelta(seconds=settings.VALIDATION_TIMEOUT_S + 600)
@@ -167,8 +165,6 @@ def claim(validation_id: int):
 
 
 def _finish(validation, status: str, message: str, timings: dict, findings=None, device=""):
-    from webapp.domain.models import Event
-
     validation.status = status
     validation.message = message
     validation.timings = timings
@@ -196,7 +192,6 @@ def _finish(validation, status: str, message: str, timings: dict, findings=None,
 def _unloadable(validation, message: str, timings: dict, **extra) -> str:
     """Verified bytes that do not load (or fail the project's deeper checks): the test
     fails, and the checkpoint is quarantined at once, so no resume starts from it."""
-    from webapp.domain.models.recovery import ValidationStatus
 
     status = _finish(validation, ValidationStatus.FAILED, message, timings, **extra)
     quarantine.quarantine(
@@ -207,8 +202,6 @@ def _unloadable(validation, message: str, timings: dict, **extra) -> str:
 
 def _alert(validation, message: str) -> None:
     try:
-        from webapp.domain.health import alerts
-
         checkpoint = validation.checkpoint
         alerts.record(
             "restore.failed",
@@ -226,7 +219,6 @@ def _alert(validation, message: str) -> None:
 def start_warm_loader() -> None:
     """Starts this process's warm loader now (it imports torch, which takes a while), so
     that the first restore test does not wait for it."""
-    from webapp.domain.validation.inspector import warm_helper
 
     warm_helper(LOADER_MODULE).ensure_started()
 
@@ -234,7 +226,6 @@ def start_warm_loader() -> None:
 def _child_load(base: Path, files: list[str]) -> dict:
     """Loads the files in a child process forked from this process's warm loader (started
     now if it is not running). Raises RuntimeError when the child did not answer."""
-    from webapp.domain.validation.inspector import largest_file, warm_helper
 
     # CUDA reserves far more address space than it uses, so a GPU child is bounded by
     # the timeout only; a CPU child also by memory, like the validation's load check.
@@ -259,8 +250,6 @@ def _loaded(outcome: dict, timeout: float) -> dict:
 
 
 def run(validation_id: int) -> str:
-    from webapp.domain.models.recovery import ReplicaStatus, ValidationStatus
-
     validation = claim(validation_id)
     if validation is None:
         return "not claimed"
@@ -304,8 +293,6 @@ def _progress_writer(validation, total: int):
 def _restore_and_load(validation, replica, scratch: Path) -> str:
     """Download and verify into `scratch`, load, run the deeper levels; each phase
     timed. Returns what _finish returns; the caller deletes `scratch`."""
-    from webapp.domain.models.recovery import ValidationStatus
-    from webapp.domain.replication.restore import RestoreError, restore_replica
 
     checkpoint = validation.checkpoint
     timings: dict = {}

@@ -40,9 +40,16 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from webapp.domain.launch import run_as
+from webapp.domain import confined_files, publish
+from webapp.domain.launch import job_env as envs
+from webapp.domain.launch import job_token, run_as, slurm
 from webapp.domain.launch import template as templates
+from webapp.domain.launch.redact import redact
 from webapp.domain.launch.template import NAMES, PLACEHOLDER  # noqa: F401 (re-exported)
+from webapp.domain.models import Event, Resume, Run
+from webapp.domain.models.recovery import ReplicaStatus, ResumeStatus
+from webapp.domain.replication.restore import RestoreError, restore_replica
+from webapp.domain.validation.integrity import FileSpec, check_local
 
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -72,6 +79,7 @@ def template_values(checkpoint, resume_id, world_size: int | None = None) -> dic
     """What the placeholders stand for. `resume_id` is the Resume's id, or a stand-in
     ("N") for the confirmation a person reads before it exists; `world_size` the one the
     job is launched on (the checkpoint's own when None; '' when nobody knows it)."""
+    # cycle: webapp.domain.recovery.reshard imports this module
     from webapp.domain.recovery.reshard import saved_world_size
 
     location = checkpoint.location.rstrip("/")
@@ -110,7 +118,7 @@ def request(
     """Create the Resume and queue its launch after commit. Call inside a transaction.
     `world_size`: launch on that many ranks ({{world_size}} in the profile's command);
     the checkpoint is loaded on it before the job starts when it is not its own."""
-    from webapp.domain.models import Event, Resume
+    # cycle: webapp.domain.recovery.reshard imports this module
     from webapp.domain.recovery import reshard
 
     refusal = checkpoint.resume_refusal()  # the one rule (models/checkpoints.resumable_q)
@@ -163,14 +171,10 @@ def request(
 
 
 def enqueue_launch(resume_id: int, queue: str) -> None:
-    from webapp.domain import publish
-
     publish.send("workers.launch.launch_resume", (resume_id,), queue=queue)
 
 
 def enqueue_follow(resume, countdown: float = 0) -> None:
-    from webapp.domain import publish
-
     queue = queue_for(resume.profile) if resume.profile else "launch"
     publish.send("workers.launch.follow_resume", (resume.pk,), queue=queue, countdown=countdown)
 
@@ -179,7 +183,6 @@ def follow_due(resume_id: int) -> bool:
     """Take this look at the job: False when another follow task looked within the last
     interval, so that a second chain of follow tasks (one the sweeper started while the
     first was only late) ends instead of doubling every look."""
-    from webapp.domain.models import Resume
 
     now = timezone.now()
     recent = now - timedelta(seconds=settings.LAUNCH_FOLLOW_S * 0.8)
@@ -194,15 +197,11 @@ def _set(resume, **fields) -> None:
     resume.updated_at = timezone.now()
     resume.save(update_fields=[*fields, "updated_at"])
     if fields.get("status") in FINAL:
-        from webapp.domain.launch import job_token
-
         job_token.revoke(resume)
 
 
 def claim(resume_id: int):
     """Take a requested resume; None if another worker has it or it is past that."""
-    from webapp.domain.models import Resume
-    from webapp.domain.models.recovery import ResumeStatus
 
     taken = Resume.objects.filter(pk=resume_id, status=ResumeStatus.REQUESTED).update(
         status=ResumeStatus.RESTORING, updated_at=timezone.now()
@@ -224,9 +223,6 @@ def prepare(resume) -> str:
     damaged copy moved aside, the staging folder, the files moved into place. A location
     that leads out of the roots, by '..' or by a symlink at any level (even one swapped
     in now), is a ResumeError; nothing is written anywhere else."""
-    from webapp.domain import confined_files
-    from webapp.domain.models.recovery import ReplicaStatus
-    from webapp.domain.validation.integrity import FileSpec, check_local
 
     checkpoint = resume.checkpoint
     user = job_user(resume)  # refused before anything is written, not after
@@ -266,9 +262,6 @@ def job_user(resume):
 
 
 def _restore_in_place(tree, resume, checkpoint, specs, replica, user=None) -> None:
-    from webapp.domain import confined_files
-    from webapp.domain.replication.restore import RestoreError, restore_replica
-
     location = tree.locate(checkpoint.location.rstrip("/"), "checkpoint location")
     if not location.parts:
         raise confined_files.Refused(f"{location} is an allowed root itself, not a checkpoint")
@@ -312,7 +305,6 @@ def launch_dir(resume) -> Path:
 
 def job_env(resume, token: str) -> dict[str, str]:
     """The job's whole environment (webapp/domain/launch/job_env.py)."""
-    from webapp.domain.launch import job_env as envs
 
     try:
         return envs.build(
@@ -329,8 +321,6 @@ def start(resume) -> None:
     """Launch the job. The template is checked again and must still give the command that
     was shown and stored (a profile edited since, or a resume queued before templates
     were checked, is refused). Raises ResumeError."""
-    from webapp.domain.launch import job_token
-    from webapp.domain.models.recovery import ResumeStatus
 
     command = render(resume.profile.command_template)
     if command != resume.command:
@@ -344,8 +334,6 @@ def start(resume) -> None:
     workdir = resume.profile.options.get("workdir") or str(settings.BASE_DIR)
     log_path = folder / "output.log"
     if resume.profile.kind == "slurm":
-        from webapp.domain.launch import slurm
-
         job_id = slurm.submit(
             "#!/bin/bash\n" + command + "\n",
             job_name=f"lifeboat-resume-{resume.pk}",
@@ -390,7 +378,6 @@ def start(resume) -> None:
 def output_tail(resume, lines: int = 40) -> str:
     """The end of the job's output, secrets redacted: the log file on this host while it
     is there, else what was kept when the job ended. For operators and above only."""
-    from webapp.domain.launch.redact import redact
 
     path = launch_dir(resume) / "output.log"
     try:
@@ -401,8 +388,6 @@ def output_tail(resume, lines: int = 40) -> str:
 
 def follow(resume) -> bool:
     """Look once; True when the job has ended (and the Resume says how)."""
-    from webapp.domain.models import Event, Run
-    from webapp.domain.models.recovery import ResumeStatus
 
     if resume.new_run_id is None:
         child = Run.objects.filter(project_id=resume.project_id, key=new_run_key(resume)).first()
@@ -410,8 +395,6 @@ def follow(resume) -> bool:
             _set(resume, new_run=child)
     kind, _, ident = resume.external_id.partition(":")
     if kind == "slurm":
-        from webapp.domain.launch import slurm
-
         state = slurm.state(ident)
         if not state.final:
             if state.state == "RUNNING" and resume.status != ResumeStatus.RUNNING:
@@ -463,12 +446,8 @@ def follow(resume) -> bool:
 
 
 def cancel(resume) -> None:
-    from webapp.domain.models.recovery import ResumeStatus
-
     kind, _, ident = resume.external_id.partition(":")
     if kind == "slurm":
-        from webapp.domain.launch import slurm
-
         slurm.cancel(ident)
     elif kind == "pid" and ident:
         with contextlib.suppress(ProcessLookupError):

@@ -31,6 +31,8 @@ from django.utils import timezone
 
 from webapp.domain import publish
 from webapp.domain.locks import for_update
+from webapp.domain.models import Replica
+from webapp.domain.models.recovery import ReplicaStatus
 from webapp.domain.replication import fanout, targets
 from webapp.domain.replication.replicate import (
     Claim,
@@ -59,7 +61,6 @@ def fan_out(claimed: Claim) -> list[str]:
     """Abort the uploads an earlier attempt's legs left open, then split the claimed
     replica into one leg per host, sent after commit; the hosts. Raises what an abort
     raises (the attempt is retried)."""
-    from webapp.domain.models import Replica
 
     if claimed.stale_uploads:
         replica = Replica.objects.select_related("target").get(pk=claimed.replica_id)
@@ -102,8 +103,6 @@ class LegProgress:
             self.flush()
 
     def flush(self) -> None:
-        from webapp.domain.models import Replica
-
         with self.tally.lock:
             done, sent = self.tally.done, self.tally.sent
             uploads, changed = dict(self.tally.uploads), self.tally.uploads_changed
@@ -128,8 +127,6 @@ class LegProgress:
 def send_leg(claimed: Claim, host: str) -> str:
     """Send this host's files; raises what replicate.send raises. Returns "sent", or
     "superseded" when a later attempt owns the replica."""
-    from webapp.domain.models import Replica
-    from webapp.domain.models.recovery import ReplicaStatus
 
     replica = Replica.objects.select_related(
         "checkpoint__project", "checkpoint__run", "target"
@@ -166,8 +163,6 @@ def leg_done(claimed: Claim, host: str) -> None:
 
 def finish(claimed: Claim) -> str:
     """Every leg done: confirm every object, write the manifest, record it verified."""
-    from webapp.domain.models import Replica
-    from webapp.domain.models.recovery import ReplicaStatus
 
     replica = Replica.objects.select_related(
         "checkpoint__project", "checkpoint__run", "target"

@@ -25,9 +25,10 @@ from datetime import timedelta
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from webapp.domain.models import Checkpoint, Replica, StorageSnapshot
+from webapp.domain.models import Checkpoint, Replica, Run, StorageSnapshot
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ReplicaStatus
+from webapp.domain.retention import policy as retention
 
 GB = 1024**3
 FREED_WINDOW = timedelta(days=30)
@@ -129,7 +130,6 @@ def local_ledger(project, doomed: frozenset = frozenset(), now=None) -> dict:
 
 def _doomed(project) -> tuple[frozenset, frozenset]:
     """(replica ids, checkpoint ids) the retention policies in force would delete now."""
-    from webapp.domain.retention import policy as retention
 
     replicas = frozenset(
         d.replica_id for d in retention.plan(project, "replicas") if d.delete and d.replica_id
@@ -176,7 +176,6 @@ def run_checkpoints(project, run) -> list[dict]:
 def snapshot(project, now=None) -> list[StorageSnapshot]:
     """The ledger's pass (the worker's, every STORAGE_LEDGER_S): every replica of each
     target read once, written as history rows that the page, the API and the gauges read."""
-    from webapp.domain.models import Run
 
     now = now or timezone.now()
     doomed_replicas, doomed_local = _doomed(project)

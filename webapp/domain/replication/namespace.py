@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from webapp.domain.models import StorageTarget
+
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -54,7 +56,6 @@ def identity(target) -> tuple[str, str, str]:
 def sharing(target) -> list[int]:
     """The ids of every target, of any project, whose objects live where this one's do
     (itself included)."""
-    from webapp.domain.models import StorageTarget
 
     mine = identity(target)
     candidates = StorageTarget.objects.filter(bucket=target.bucket)

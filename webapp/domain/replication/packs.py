@@ -27,6 +27,8 @@ import io
 
 from django.conf import settings
 
+from webapp.domain.models import Replica
+from webapp.domain.models.recovery import ReplicaStatus
 from webapp.domain.replication import targets
 from webapp.domain.replication.upload import SourceChanged, Throttle, _mismatch, upload
 
@@ -46,8 +48,6 @@ def split(entries: list[dict]) -> tuple[list[dict], list[dict]]:
 def earlier_files(replica, lookback: int):
     """The file lists of the run's `lookback` newest live copies on the same store, other
     than this one: where an unchanged file may already be."""
-    from webapp.domain.models import Replica
-    from webapp.domain.models.recovery import ReplicaStatus
 
     return (
         Replica.objects.filter(checkpoint__run_id=replica.checkpoint.run_id)
@@ -88,7 +88,6 @@ def send(client, replica, entries: list[dict], open_source, progress, lookback: 
     """Send `entries` (small files of the replica) in packs, reusing the packs of earlier
     copies for files they hold; fills each entry's key, offset and object_size in place.
     Returns {"packs": sent, "reused": files not sent, "reused_keys": packs to confirm}."""
-    from webapp.domain.models import Replica
 
     target, bucket = replica.target, replica.target.bucket
     known = known_locations(replica, lookback)

@@ -16,7 +16,12 @@ import math
 
 from django.db import transaction
 
+from webapp.domain import publish
 from webapp.domain.locks import for_update
+from webapp.domain.models import Checkpoint, Replica
+from webapp.domain.models.checkpoints import CheckpointStatus
+from webapp.domain.models.projects import ReplicationPolicy
+from webapp.domain.models.recovery import ReplicaStatus
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +34,6 @@ def _metric(checkpoint, name: str) -> float | None:
 
 
 def wants(target, checkpoint) -> bool:
-    from webapp.domain.models import Checkpoint
-    from webapp.domain.models.projects import ReplicationPolicy
-    from webapp.domain.models.recovery import ReplicaStatus
-
     policy = target.policy
     if policy == ReplicationPolicy.ALL:
         return True
@@ -71,8 +72,6 @@ def request(checkpoint, targets=None, *, by_policy: bool = True) -> list[int]:
     """Create (or reopen) the replicas the checkpoint should have, inside the caller's
     transaction, and enqueue them once it commits. With by_policy=False every given
     target gets one (an explicit request). Returns the replica ids queued."""
-    from webapp.domain.models import Replica
-    from webapp.domain.models.recovery import ReplicaStatus
 
     if targets is None:
         targets = checkpoint.project.storage_targets.filter(enabled=True).order_by("pk")
@@ -106,7 +105,6 @@ def request(checkpoint, targets=None, *, by_policy: bool = True) -> list[int]:
 def enqueue(replica_ids: list[int]) -> None:
     """After commit. If the broker is down the rows stay pending and
     the sweeper (webapp/domain/replication/owed.py) puts them on the queue later."""
-    from webapp.domain import publish
 
     for replica_id in replica_ids:
         try:
@@ -118,8 +116,6 @@ def enqueue(replica_ids: list[int]) -> None:
 
 def on_verified(checkpoint_id: int) -> list[int]:
     """Called once validation has found a checkpoint verified."""
-    from webapp.domain.models import Checkpoint
-    from webapp.domain.models.checkpoints import CheckpointStatus
 
     with transaction.atomic():
         checkpoint = (

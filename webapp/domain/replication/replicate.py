@@ -22,12 +22,17 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from botocore.exceptions import ClientError
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from webapp.domain.health import alerts
 from webapp.domain.lease import Busy, busy_until
 from webapp.domain.locks import for_update
+from webapp.domain.models import Checkpoint, Event, Replica
+from webapp.domain.models.checkpoints import CheckpointStatus
+from webapp.domain.models.recovery import ReplicaStatus
 from webapp.domain.replication import fanout, packs, targets
 from webapp.domain.replication.sources import SourceUnavailable, sources
 from webapp.domain.replication.upload import Throttle, abort_quietly
@@ -49,10 +54,6 @@ class Claim:
 
 
 def claim(replica_id: int) -> Claim | Busy | None:
-    from webapp.domain.models import Replica
-    from webapp.domain.models.checkpoints import CheckpointStatus
-    from webapp.domain.models.recovery import ReplicaStatus
-
     now = timezone.now()
     with transaction.atomic():
         # Only the replica's row: its checkpoint, run, project and target are read.
@@ -115,8 +116,6 @@ class _Progress:
             self.flush()
 
     def flush(self, **extra) -> None:
-        from webapp.domain.models import Replica
-
         with self.tally.lock:
             uploads = dict(self.tally.uploads)
             self.tally.uploads_changed = False
@@ -131,8 +130,6 @@ class _Progress:
 
 
 def on_target(client, bucket: str, key: str, sha256: str, size: int) -> bool:
-    from botocore.exceptions import ClientError
-
     try:
         head = client.head_object(Bucket=bucket, Key=key)
     except ClientError as exc:
@@ -167,7 +164,6 @@ def abort_stale_uploads(client, bucket: str, replica, claimed: Claim) -> None:
     """Parts left by a crashed attempt would be kept (and billed) forever otherwise.
     The uploads that could not be aborted stay on the replica, so the next try
     aborts them again; the first failure is raised (retried)."""
-    from webapp.domain.models import Replica
 
     still_open, error = {}, None
     for key, upload_id in claimed.stale_uploads.items():
@@ -241,7 +237,6 @@ def send(claimed: Claim) -> dict:
     """Everything that touches S3 and the source files. Returns what record_verified
     needs; raises SourceChanged / SourceUnavailable (permanent) or anything else
     (the target could not be reached: retried)."""
-    from webapp.domain.models import Replica
 
     replica = Replica.objects.select_related(
         "checkpoint__project", "checkpoint__run", "target"
@@ -298,8 +293,6 @@ def _finish(replica, status: str, message: str, now) -> None:
 
 
 def _event(replica, type_: str, message: str, now, **data) -> None:
-    from webapp.domain.models import Event
-
     Event.record(
         type_,
         checkpoint=replica.checkpoint,
@@ -309,8 +302,6 @@ def _event(replica, type_: str, message: str, now, **data) -> None:
         data={"replica": replica.pk, "target": replica.target.name, **data},
     )
     if type_ == "replica.failed":
-        from webapp.domain.health import alerts
-
         alerts.on_replica_failed(replica)
 
 
@@ -318,8 +309,6 @@ def owned_lock(claimed: Claim, with_checkpoint: bool = False):
     """The replica, locked, if this attempt still owns it; else None. With
     with_checkpoint, its checkpoint's row is locked first (the order of
     webapp/domain/locks.py)."""
-    from webapp.domain.models import Checkpoint, Replica
-    from webapp.domain.models.recovery import ReplicaStatus
 
     if with_checkpoint:
         checkpoint_id = Replica.objects.values_list("checkpoint_id", flat=True).get(
@@ -335,8 +324,6 @@ def owned_lock(claimed: Claim, with_checkpoint: bool = False):
 
 
 def record_verified(claimed: Claim, result: dict) -> str:
-    from webapp.domain.models.recovery import ReplicaStatus
-
     now = timezone.now()
     with transaction.atomic():
         replica = owned_lock(claimed)
@@ -362,9 +349,6 @@ def record_verified(claimed: Claim, result: dict) -> str:
 def record_source_changed(claimed: Claim, exc: Exception) -> str:
     """The bytes on disk are not the ones that were verified: the replica fails, and the
     checkpoint is flagged, since what it now holds is not what the job wrote."""
-    from webapp.domain.models import Checkpoint
-    from webapp.domain.models.checkpoints import CheckpointStatus
-    from webapp.domain.models.recovery import ReplicaStatus
 
     now = timezone.now()
     with transaction.atomic():
@@ -384,8 +368,6 @@ def record_source_changed(claimed: Claim, exc: Exception) -> str:
 
 
 def record_unavailable(claimed: Claim, exc: Exception) -> str:
-    from webapp.domain.models.recovery import ReplicaStatus
-
     now = timezone.now()
     with transaction.atomic():
         replica = owned_lock(claimed)
@@ -400,7 +382,6 @@ def record_error(claimed: Claim, exc: Exception) -> float | None:
     """The attempt could not reach the target (or died on the way). Back to pending with
     a retry due after an exponential backoff, or failed after the last attempt. Returns
     the delay before the retry, or None when there is none."""
-    from webapp.domain.models.recovery import ReplicaStatus
 
     now = timezone.now()
     error = f"{type(exc).__name__}: {exc}"[:2000]
@@ -435,10 +416,6 @@ def abort_abandoned_uploads(target, older_than_s: float) -> list[str]:
     and that began more than `older_than_s` ago: left by a worker killed between
     starting an upload and writing its id down. (Uploads a replica knows of are aborted
     by its next attempt.) Returns the keys aborted."""
-    from datetime import timedelta
-
-    from webapp.domain.models import Replica
-    from webapp.domain.models.recovery import ReplicaStatus
 
     client = targets.client_for(target)
     known = set()

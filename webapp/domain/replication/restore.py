@@ -14,6 +14,7 @@ from collections.abc import Callable
 from django.conf import settings
 
 from lifeboat.download import RestoreError, download_files
+from webapp.domain.models.recovery import ReplicaStatus
 from webapp.domain.replication import targets
 
 __all__ = ["RestoreError", "replica_files", "restore_replica"]
@@ -70,7 +71,6 @@ def restore_replica(
     folder no job can write in: the worker's own scratch folder, or a staging folder it
     just made (0700) and names by its descriptor (confined_files.fd_path), as resume
     does; the names below `dest` are then the download's own."""
-    from webapp.domain.models.recovery import ReplicaStatus
 
     if replica.status != ReplicaStatus.VERIFIED:
         raise RestoreError(f"replica {replica.pk} is {replica.status}, not verified")

@@ -6,6 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 
+from webapp.domain import confined_files
+from webapp.domain.replication.storage import s3_client
+from webapp.domain.validation import integrity
+
 
 class SourceUnavailable(Exception):
     """The checkpoint's files cannot be read (gone, refused): permanent."""
@@ -17,12 +21,9 @@ def sources(checkpoint):
     allowed root (resolved as validation does), or streamed from s3://. The roots are
     opened once for all the files (resolving them per file cost a tenth of the time of a
     checkpoint of small files); every file is still opened by its own confined walk."""
-    from webapp.domain.validation import integrity
 
     location = checkpoint.location
     if location.startswith("s3://"):
-        from webapp.domain.replication.storage import s3_client
-
         if not integrity.s3_allowed(location, checkpoint.project.allowed_roots):
             raise SourceUnavailable(f"{location} is outside the project's allowed roots")
 
@@ -39,8 +40,6 @@ def sources(checkpoint):
     # A one-file checkpoint's location is the file itself (its one path is its name).
     # Opened by a confined walk from an allowed root's descriptor: a symlink out of the
     # roots, at any level and even one swapped in now, is refused, not followed.
-    from webapp.domain import confined_files
-
     single = checkpoint.file_count == 1
     with confined_files.Tree(checkpoint.project.allowed_roots) as tree:
         try:

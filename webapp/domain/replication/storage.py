@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import threading
 
+from botocore.config import Config
+from botocore.utils import determine_content_length
 from django.conf import settings
 
 from webapp.domain.replication.storage_access import (
@@ -31,8 +33,7 @@ def client(
     """A boto3 S3 client, cached per process: building one costs tens of milliseconds,
     and the API builds presigned URLs on every read. Whoever calls this has checked the
     endpoint and credentials (webapp.domain.replication.storage_access)."""
-    import boto3
-    from botocore.config import Config
+    import boto3  # boto3 loads only where S3 is used
 
     # Room for every file on the wire at once (replication.fanout) and the parts of each.
     pool = pool or max(settings.REPLICATION_CONCURRENCY, settings.REPLICATION_FILES_AT_ONCE) + 2
@@ -78,8 +79,6 @@ SMALL_BODY = 1024 * 1024
 
 
 def _no_expect_for_small_bodies(params, **kwargs) -> None:
-    from botocore.utils import determine_content_length
-
     headers = params.get("headers", {})
     if headers.get("Expect") != "100-continue":
         return

@@ -9,6 +9,7 @@ it is written last, and a replica without one is not a replica.
 
 from __future__ import annotations
 
+from webapp.domain.replication import namespace, storage
 from webapp.domain.replication.storage_access import TargetRefused, target_access
 
 __all__ = ["TargetRefused", "client_for", "credentials"]
@@ -26,7 +27,6 @@ def client_for(target, *, pool: int | None = None, retries: int | None = None):
     """A boto3 client for the target (webapp.domain.replication.storage.client, cached per process),
     once its endpoint and credentials passed webapp.domain.replication.storage_access (TargetRefused
     otherwise; checked on every call, so a withdrawn grant applies at once)."""
-    from webapp.domain.replication import storage
 
     access = target_access(target)
     return storage.client(
@@ -62,6 +62,5 @@ def same_store(target) -> dict:
     """A filter (on replicas) for the targets, of every project, whose objects live where
     this one's do: content-addressed objects and manifests may be shared between them
     (webapp/domain/replication/namespace.py decides what is the same place)."""
-    from webapp.domain.replication import namespace
 
     return {"target_id__in": namespace.sharing(target)}

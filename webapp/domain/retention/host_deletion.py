@@ -19,15 +19,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp.domain.locks import for_update
+from webapp.domain.models import Checkpoint, CheckpointPart
+from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.retention import local_deletion
 
 log = logging.getLogger(__name__)
 
 
 def remove_share(checkpoint_id: int, host: str, actor: str, why: str, previous) -> str:
-    from webapp.domain.models import Checkpoint, CheckpointPart
-    from webapp.domain.models.checkpoints import CheckpointStatus
-
     checkpoint = Checkpoint.objects.select_related("project").filter(pk=checkpoint_id).first()
     if checkpoint is None or checkpoint.status != CheckpointStatus.DELETING:
         return "settled"

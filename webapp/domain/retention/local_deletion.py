@@ -33,7 +33,10 @@ from django.utils import timezone
 from webapp.domain import confined_files, publish
 from webapp.domain.confined_files import Refused
 from webapp.domain.locks import for_update
-from webapp.domain.validation import node_local
+from webapp.domain.models import Checkpoint, Event
+from webapp.domain.models.checkpoints import CheckpointStatus
+from webapp.domain.replication.storage import s3_client
+from webapp.domain.validation import integrity, node_local
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +119,6 @@ def _remove_empty_parents(tree, top, parts: list[str]) -> None:
 
 
 def _remove_s3(checkpoint, paths: list[str]) -> None:
-    from webapp.domain.replication.storage import s3_client
-    from webapp.domain.validation import integrity
-
     location = checkpoint.location
     if ".." in location.split("/") or not integrity.s3_allowed(
         location, checkpoint.project.allowed_roots
@@ -143,7 +143,6 @@ def _remove_s3(checkpoint, paths: list[str]) -> None:
 def carry_out(checkpoint_id: int, actor: str, why: str, previous_message: str | None) -> bool:
     """Removes the files of a checkpoint marked `deleting` (or left `deleted` without
     deleted_at), then records the outcome. True when it is now deleted."""
-    from webapp.domain.models import Checkpoint
 
     checkpoint = Checkpoint.objects.select_related("project").filter(pk=checkpoint_id).first()
     if checkpoint is None:
@@ -171,9 +170,6 @@ def carry_out(checkpoint_id: int, actor: str, why: str, previous_message: str | 
 
 
 def record(checkpoint_id, actor: str, why: str, previous_message, error) -> bool:
-    from webapp.domain.models import Checkpoint, Event
-    from webapp.domain.models.checkpoints import CheckpointStatus
-
     now = timezone.now()
     with transaction.atomic():
         checkpoint = for_update(Checkpoint.objects.filter(pk=checkpoint_id)).first()
@@ -225,8 +221,6 @@ def finish_interrupted(project, actor: str, before=None) -> None:
     marked `deleted` before removing their files); with `before`, only those marked
     before then. Never raises for one checkpoint: a failure is recorded and the others
     go on."""
-    from webapp.domain.models import Checkpoint
-    from webapp.domain.models.checkpoints import CheckpointStatus
 
     stuck = Checkpoint.objects.filter(project=project, status=CheckpointStatus.DELETING)
     if before is not None:

@@ -28,10 +28,11 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from webapp.domain.models import Event, Replica, StorageAudit
+from webapp.domain.health import alerts
+from webapp.domain.models import Event, Replica, StorageAudit, StorageTarget
 from webapp.domain.models.recovery import ReplicaStatus
 from webapp.domain.models.storage_audit import AuditStatus
-from webapp.domain.replication import targets
+from webapp.domain.replication import policy, targets
 from webapp.domain.retention import replica_objects
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,6 @@ def _live_replicas(target):
     one endpoint that the namespace cannot tell apart (a host name and its address) must
     never let one project's cleanup take another's objects; a key names its prefix, so
     other prefixes in the bucket simply do not match."""
-    from webapp.domain.models import StorageTarget
 
     same_bucket = StorageTarget.objects.filter(bucket=target.bucket).values("pk")
     return Replica.objects.filter(target_id__in=same_bucket).exclude(
@@ -147,8 +147,6 @@ def audit(target, actor: str) -> StorageAudit:
 
 
 def _alert(row: StorageAudit) -> None:
-    from webapp.domain.health import alerts
-
     if not (row.orphan_objects or row.uploads):
         return
     if row.unaccounted_bytes < settings.STORAGE_AUDIT_ALERT_BYTES:
@@ -235,7 +233,6 @@ def clean(row: StorageAudit, actor: str) -> dict:
 def _resend_claimed_meanwhile(target, gone: set[str], since) -> int:
     """A replica claimed while the cleanup ran may have found one of these objects on the
     store (content-addressed: not sent again) just before it went: send it again."""
-    from webapp.domain.replication import policy
 
     if not gone:
         return 0

@@ -31,7 +31,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from webapp.domain.locks import for_update
-from webapp.domain.retention import replica_objects
+from webapp.domain.models import Checkpoint, Event, Replica, Run
+from webapp.domain.models.checkpoints import CheckpointStatus
+from webapp.domain.models.recovery import ReplicaStatus
+from webapp.domain.models.retention import RetentionScope
+from webapp.domain.retention import local_deletion, replica_objects
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +91,6 @@ def keep_reasons(policy, ranked: list, always: dict[int, list[str]]) -> dict[int
 
 
 def _always_kept(run, checkpoints: list) -> dict[int, list[str]]:
-    from webapp.domain.models import Run
-    from webapp.domain.models.checkpoints import CheckpointStatus
-
     always: dict[int, list[str]] = defaultdict(list)
     ids = [c.pk for c in checkpoints]
     for checkpoint in checkpoints:
@@ -112,7 +113,6 @@ def _policy(project, scope: str):
 
 def plan(project, scope: str = "local", run=None) -> list[Decision]:
     """What retention would do now, checkpoint by checkpoint, and why."""
-    from webapp.domain.models.retention import RetentionScope
 
     policy = _policy(project, scope)
     if policy is None:
@@ -157,10 +157,6 @@ def dry_run_page(project, run=None, offset: int = 0, limit: int = DRY_RUN_LIMIT)
 
 
 def _plan_local(policy, run) -> list[Decision]:
-    from webapp.domain.models import Replica
-    from webapp.domain.models.checkpoints import CheckpointStatus
-    from webapp.domain.models.recovery import ReplicaStatus
-
     checkpoints = list(
         run.checkpoints.exclude(
             status__in=(
@@ -199,9 +195,6 @@ def _plan_local(policy, run) -> list[Decision]:
 
 
 def _plan_replicas(policy, run) -> list[Decision]:
-    from webapp.domain.models import Replica
-    from webapp.domain.models.recovery import ReplicaStatus
-
     replicas = list(
         Replica.objects.filter(checkpoint__run=run, status=ReplicaStatus.VERIFIED)
         .select_related("checkpoint", "target")
@@ -247,9 +240,6 @@ def apply(project, actor: str = "retention", run=None) -> list[Decision]:
 
 def _still_deletable_locally(checkpoint) -> str | None:
     """Re-checked under the row lock: None if the local copy may go, else why not."""
-    from webapp.domain.models import Run
-    from webapp.domain.models.checkpoints import CheckpointStatus
-    from webapp.domain.models.recovery import ReplicaStatus
 
     if checkpoint.status != CheckpointStatus.VERIFIED:
         return f"it is {checkpoint.status} now"
@@ -270,9 +260,6 @@ def delete_local(decision: Decision, actor: str) -> bool:
     then removes its files, and only then records it `deleted` (local_deletion). A
     failure puts it back to `verified` with the error in the event log. True when the
     local copy is gone."""
-    from webapp.domain.models import Checkpoint
-    from webapp.domain.models.checkpoints import CheckpointStatus
-    from webapp.domain.retention import local_deletion
 
     with transaction.atomic():
         checkpoint = (
@@ -301,9 +288,6 @@ def finish_interrupted(project, actor: str = "retention", before=None) -> None:
     """Deletions started but not finished (the worker died between the steps); with
     `before`, only those started before then (the sweeper's: not one a live worker is
     carrying out)."""
-    from webapp.domain.models import Replica
-    from webapp.domain.models.recovery import ReplicaStatus
-    from webapp.domain.retention import local_deletion
 
     local_deletion.finish_interrupted(project, actor, before)
     replicas = Replica.objects.filter(
@@ -319,9 +303,6 @@ def finish_interrupted(project, actor: str = "retention", before=None) -> None:
 
 
 def delete_replica(decision: Decision, actor: str) -> bool:
-    from webapp.domain.models import Event, Replica
-    from webapp.domain.models.recovery import ReplicaStatus
-
     now = timezone.now()
     with transaction.atomic():
         replica = (

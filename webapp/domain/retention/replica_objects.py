@@ -27,6 +27,10 @@ from django.conf import settings
 from django.utils import timezone
 
 from lifeboat.units import format_seconds
+from webapp.domain.health import alerts
+from webapp.domain.models import Event, Replica
+from webapp.domain.models.recovery import ReplicaStatus
+from webapp.domain.replication import targets
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +43,6 @@ def remove(replica) -> list[str]:
     """The manifest, and each content-addressed object no other live replica in the same
     store names (a tokenizer shared with a checkpoint that stays, stays). Returns the keys
     it deleted."""
-    from webapp.domain.models import Replica
-    from webapp.domain.models.recovery import ReplicaStatus
-    from webapp.domain.replication import targets
 
     client = targets.client_for(replica.target)
     bucket = replica.target.bucket
@@ -99,8 +100,6 @@ def _listed(client, bucket: str, key: str) -> dict | None:
 
 def finish(replica, actor: str) -> bool:
     """Remove the replica's objects and prove it; True when `deleted_at` was written."""
-    from webapp.domain.models import Replica
-    from webapp.domain.replication import targets
 
     keys = remove(replica)
     left = still_stored(targets.client_for(replica.target), replica.target.bucket, keys)
@@ -118,9 +117,6 @@ def finish(replica, actor: str) -> bool:
 
 
 def _report(replica, left: list[dict], actor: str, now) -> None:
-    from webapp.domain.health import alerts
-    from webapp.domain.models import Event, Replica
-
     stored = sum(item["bytes"] for item in left)
     current = sum(1 for item in left if item["current"])
     message = (

@@ -31,8 +31,17 @@ from django.db import transaction
 from django.utils import timezone
 
 from webapp.domain import lease
+from webapp.domain.health import alerts
 from webapp.domain.locks import for_update
+from webapp.domain.models import Checkpoint, Event, Validation
+from webapp.domain.models.checkpoints import NOT_SAVED, UNSETTLED, CheckpointStatus
+from webapp.domain.models.recovery import ValidationKind, ValidationStatus
 from webapp.domain.ranks import describe_ranks
+from webapp.domain.replication import policy
+from webapp.domain.replication.storage import s3_client
+from webapp.domain.validation import checked_view, integrity, verdict
+from webapp.domain.validation.inspect_parts import inspect_in_parts
+from webapp.domain.validation.integrity import FileSpec
 
 PROGRESS_EVERY_S = 1.0
 
@@ -48,10 +57,6 @@ def files_fingerprint(checkpoint) -> str:
 
 
 def claim(checkpoint_id: int, requested_by: str, revalidate: bool):
-    from webapp.domain.models import Checkpoint, Validation
-    from webapp.domain.models.checkpoints import NOT_SAVED, CheckpointStatus
-    from webapp.domain.models.recovery import ValidationKind, ValidationStatus
-
     with transaction.atomic():
         checkpoint = for_update(Checkpoint.objects.filter(pk=checkpoint_id)).first()
         if checkpoint is None:
@@ -112,9 +117,6 @@ def _over_fair_share(checkpoint, now) -> lease.Busy | None:
     running and another project's checkpoints wait: one project's huge checkpoints then
     leave the other workers to the others. Work-conserving: with nobody else waiting, a
     project takes every worker."""
-    from webapp.domain.models import Checkpoint, Validation
-    from webapp.domain.models.checkpoints import UNSETTLED
-    from webapp.domain.models.recovery import ValidationKind, ValidationStatus
 
     limit = settings.VALIDATION_PROJECT_MAX_ACTIVE
     if not limit:
@@ -170,8 +172,6 @@ class FileProgress:
             self.files_done += 1
 
     def flush(self) -> None:
-        from webapp.domain.models import Validation
-
         with self.lock:
             fields = {
                 "bytes_done": self.done,
@@ -185,17 +185,12 @@ class FileProgress:
 
 def file_specs(checkpoint) -> list:
     """The files the job reported, as integrity checks them, in path order."""
-    from webapp.domain.validation.integrity import FileSpec
 
     rows = checkpoint.files.order_by("path").values_list("path", "size", "sha256")
     return [FileSpec(path, size, sha) for path, size, sha in rows]
 
 
 def run_checks(validation_id: int):
-    from webapp.domain.models import Validation
-    from webapp.domain.validation import checked_view, integrity, verdict
-    from webapp.domain.validation.inspect_parts import inspect_in_parts
-
     validation = Validation.objects.select_related("checkpoint__project", "checkpoint__run").get(
         pk=validation_id
     )
@@ -209,8 +204,6 @@ def run_checks(validation_id: int):
     timings: dict[str, float] = {}
     try:
         if checkpoint.location.startswith("s3://"):
-            from webapp.domain.replication.storage import s3_client
-
             bucket, _ = integrity.split_s3(checkpoint.location)
             scratch = settings.SCRATCH_DIR / f"validation-{validation_id}"
             shutil.rmtree(scratch, ignore_errors=True)
@@ -275,9 +268,6 @@ def run_checks(validation_id: int):
 
 
 def history_findings(checkpoint, content: dict) -> list:
-    from webapp.domain.models.checkpoints import CheckpointStatus
-    from webapp.domain.validation import verdict
-
     verified = checkpoint.run.checkpoints.filter(status=CheckpointStatus.VERIFIED).exclude(
         pk=checkpoint.pk
     )
@@ -293,7 +283,6 @@ def history_findings(checkpoint, content: dict) -> list:
 def _lock(validation_id: int):
     """The validation's checkpoint, then the validation, locked in that order
     (webapp/domain/locks.py)."""
-    from webapp.domain.models import Checkpoint, Validation
 
     checkpoint_id = Validation.objects.values_list("checkpoint_id", flat=True).get(pk=validation_id)
     checkpoint = for_update(Checkpoint.objects).get(pk=checkpoint_id)
@@ -301,10 +290,6 @@ def _lock(validation_id: int):
 
 
 def record(validation_id: int, fingerprint: str, result, content: dict, timings: dict) -> str:
-    from webapp.domain.models import Event
-    from webapp.domain.models.checkpoints import NOT_SAVED, CheckpointStatus
-    from webapp.domain.models.recovery import ValidationStatus
-
     now = timezone.now()
     with transaction.atomic():
         checkpoint, validation = _lock(validation_id)
@@ -347,10 +332,7 @@ def record(validation_id: int, fingerprint: str, result, content: dict, timings:
             # The copies its targets' policies ask for, in this very transaction: a
             # verified checkpoint never exists without the replica rows it is owed (the
             # sweeper re-sends a pending one whose message was lost). Queued on commit.
-            from webapp.domain.replication import policy
-
             policy.request(checkpoint)
-        from webapp.domain.health import alerts
 
         # Corrupt, suspicious or missing, and a save far slower than usual: alerts,
         # recorded in this transaction, sent after it commits.
@@ -369,8 +351,6 @@ def record(validation_id: int, fingerprint: str, result, content: dict, timings:
 def record_error(validation_id: int, exc: Exception) -> None:
     """The check could not run (an S3 outage, a full disk). The checkpoint goes back to
     the queue by way of the sweeper, unless this keeps happening."""
-    from webapp.domain.models.checkpoints import CheckpointStatus
-    from webapp.domain.models.recovery import ValidationStatus
 
     with transaction.atomic():
         checkpoint, validation = _lock(validation_id)

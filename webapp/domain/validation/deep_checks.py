@@ -45,7 +45,7 @@ def _state_dict(obj):
 
 
 def _all_finite(value) -> bool:
-    import torch
+    import torch  # torch loads only where a checkpoint is opened, never in the web
 
     if isinstance(value, torch.Tensor):
         return bool(torch.isfinite(value).all()) if value.is_floating_point() else True
@@ -59,7 +59,7 @@ def _all_finite(value) -> bool:
 
 
 def forward(entry: str, checkpoint_file: str) -> dict:
-    import torch
+    import torch  # torch loads only where a checkpoint is opened, never in the web
 
     started = time.perf_counter()
     model, batch = resolve(entry)()

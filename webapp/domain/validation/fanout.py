@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 
 from celery import current_app
 from django.conf import settings
@@ -26,8 +27,13 @@ from django.utils import timezone
 
 from webapp.domain import lease
 from webapp.domain.locks import for_update
+from webapp.domain.models import Validation, ValidationPart
+from webapp.domain.models.recovery import ValidationStatus
 from webapp.domain.transient import is_transient
-from webapp.domain.validation import node_local
+from webapp.domain.validation import checked_view, checking, integrity, node_local, verdict
+from webapp.domain.validation.checking import file_specs, parallelism
+from webapp.domain.validation.inspect_parts import merge_parts, raw_parts, split
+from webapp.domain.validation.integrity import Finding
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +41,6 @@ log = logging.getLogger(__name__)
 def fan_out(validation_id: int, fingerprint: str) -> bool:
     """Splits the validation into part tasks when its checkpoint is big enough; False when
     it should run as one task."""
-    from webapp.domain.models import Validation, ValidationPart
-    from webapp.domain.validation.inspect_parts import split
 
     validation = Validation.objects.select_related("checkpoint__project").get(pk=validation_id)
     checkpoint = validation.checkpoint
@@ -77,7 +81,6 @@ def fan_out(validation_id: int, fingerprint: str) -> bool:
 def _fan_out_by_host(validation_id: int, fingerprint: str, checkpoint) -> bool:
     """A node-local checkpoint: one part per host, on that host's queue (node_local.py);
     rank 0's shared files first."""
-    from webapp.domain.models import Validation, ValidationPart
 
     with transaction.atomic():
         locked = for_update(Validation.objects).get(pk=validation_id)
@@ -112,8 +115,6 @@ def _publishable(validation) -> list[int]:
 
 
 def _publish_parts(part_ids: list[int], validation_id: int, fingerprint: str) -> None:
-    from webapp.domain.models import ValidationPart
-
     hosts = dict(ValidationPart.objects.filter(pk__in=part_ids).values_list("pk", "host"))
     for part_id in part_ids:
         current_app.send_task(
@@ -132,8 +133,6 @@ class PartProgress:
     (an UPDATE with F(): many parts on many workers add to the same row)."""
 
     def __init__(self, validation_id: int):
-        import threading
-
         self.validation_id = validation_id
         self.bytes = self.files = 0
         self.lock = threading.Lock()
@@ -150,8 +149,6 @@ class PartProgress:
             self.files += 1
 
     def flush(self) -> None:
-        from webapp.domain.models import Validation
-
         with self.lock:
             n, files, self.bytes, self.files = self.bytes, self.files, 0, 0
             self.last = timezone.now()
@@ -162,9 +159,6 @@ class PartProgress:
 
 
 def run_part(part_id: int, worker: str = "") -> str:
-    from webapp.domain.models import Validation, ValidationPart
-    from webapp.domain.models.recovery import ValidationStatus
-
     part = ValidationPart.objects.select_related("validation__checkpoint__project").get(pk=part_id)
     if part.finished_at is not None or part.validation.is_final:
         _part_finished(part.pk)  # a redelivery: make sure the verdict task went out
@@ -200,10 +194,6 @@ def run_part(part_id: int, worker: str = "") -> str:
 
 
 def _check_part(part) -> dict:
-    from webapp.domain.validation import checked_view, integrity
-    from webapp.domain.validation.checking import file_specs, parallelism
-    from webapp.domain.validation.inspect_parts import raw_parts
-
     checkpoint = part.validation.checkpoint
     phase = part.result.get("phase")
     specs = file_specs(checkpoint)
@@ -257,7 +247,6 @@ def _check_part(part) -> dict:
 
 def _shared_part(part):
     """The shared phase's part of the same validation (an empty one when it had none)."""
-    from webapp.domain.models import ValidationPart
 
     shared = part.validation.parts.filter(result__phase=node_local.PHASE_SHARED).first()
     return shared or ValidationPart(files=[], host="\0", result={})
@@ -266,7 +255,6 @@ def _shared_part(part):
 def _part_finished(part_id: int) -> None:
     """The last part to finish publishes the verdict task (after its commit); the last
     of a node-local check's shared phase publishes the hosts' parts."""
-    from webapp.domain.models import Validation, ValidationPart
 
     with transaction.atomic():
         part = ValidationPart.objects.get(pk=part_id)
@@ -288,10 +276,6 @@ def _part_finished(part_id: int) -> None:
 
 def decide(validation_id: int, fingerprint: str) -> str:
     """Merges the parts into one verdict and records it (checking.record)."""
-    from webapp.domain.models import Validation
-    from webapp.domain.validation import checking, verdict
-    from webapp.domain.validation.inspect_parts import merge_parts
-    from webapp.domain.validation.integrity import Finding
 
     validation = Validation.objects.select_related("checkpoint__run").get(pk=validation_id)
     parts = list(validation.parts.order_by("index"))

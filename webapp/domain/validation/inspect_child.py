@@ -36,6 +36,7 @@ from webapp.domain.validation.inspect_common import (
     first_line,
     raise_if_out_of_memory,
 )
+from webapp.domain.validation.sandbox import serve_forked
 from webapp.domain.validation.torch_files import HEAD_BYTES
 
 # --------------------------------------------------------------------------- the checkpoint
@@ -126,8 +127,6 @@ def serve() -> int:
     """The warm helper (inspector.WarmHelper): torch and the formats' child halves are
     imported once, here; each request is checked in a child forked for it, under its
     limits (sandbox.serve_forked). This process itself never opens a checkpoint."""
-    from webapp.domain.validation.sandbox import serve_forked
-
     formats.import_child_halves()
 
     return serve_forked(inspect, out_of_memory_exit=EXIT_OUT_OF_MEMORY)

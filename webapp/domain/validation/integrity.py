@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from botocore.exceptions import ClientError
 from django.conf import settings
 
 from lifeboat.units import human_size
@@ -393,8 +394,6 @@ def check_s3(
 
 
 def _fetch_one(client, bucket, key, spec: FileSpec, tree, target, report, progress, lock):
-    from botocore.exceptions import ClientError
-
     try:
         response = client.get_object(Bucket=bucket, Key=key)
     except ClientError as exc:

@@ -28,6 +28,9 @@ import time
 
 from django.conf import settings
 
+from webapp.domain import publish
+from webapp.domain.validation.publish import enqueue_validations
+
 log = logging.getLogger(__name__)
 
 
@@ -56,7 +59,6 @@ class Outbox:
 
     def flush(self) -> int:
         """Publish what is waiting now; the number of checkpoints published."""
-        from webapp.domain.validation.publish import enqueue_validations
 
         with self._sending:
             with self._lock:
@@ -85,15 +87,11 @@ def publish_after_commit(checkpoint_ids: list[int]) -> None:
     """Called on commit with the checkpoints to validate."""
     global _outbox
     if not settings.VALIDATION_PUBLISH_MS:
-        from webapp.domain.validation.publish import enqueue_validations
-
         enqueue_validations(checkpoint_ids)
         return
     if _outbox is None:
         with _outbox_lock:
             if _outbox is None:
-                from webapp.domain import publish
-
                 publish.app()  # built here, not in the thread
 
                 _outbox = Outbox(settings.VALIDATION_PUBLISH_MS)

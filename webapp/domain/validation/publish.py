@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from webapp.domain import publish
+from webapp.domain.models import Checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +17,6 @@ DISPATCH = "workers.validate.dispatch_validations"
 
 def _unstamp(checkpoint_ids: list[int]) -> None:
     """Not on the queue after all: workers.sweeper puts them there later."""
-    from webapp.domain.models import Checkpoint
 
     Checkpoint.objects.filter(pk__in=checkpoint_ids).update(validation_enqueued_at=None)
 

@@ -7,6 +7,7 @@ The token is printed once; only its hash is kept."""
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.utils.text import slugify
@@ -69,8 +70,6 @@ class Command(BaseCommand):
             project.node_local = options["storage"] == "node-local"
             project.save(update_fields=["node_local"])
         if admin:
-            from django.contrib.auth import get_user_model
-
             user = get_user_model().objects.filter(username=admin).first()
             if user is None:
                 raise CommandError(f"no user {admin!r}")
