@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -44,6 +45,11 @@ def _raw(name: str) -> str | None:
     return _FROM_FILE.get(name)
 
 
+# With a str default the answer is a str (an unset or empty variable gives the default).
+@overload
+def env_str(name: str, default: str, *, required: bool = False) -> str: ...
+@overload
+def env_str(name: str, default: None = None, *, required: bool = False) -> str | None: ...
 def env_str(name: str, default: str | None = None, *, required: bool = False) -> str | None:
     value = _raw(name)
     if value is None or value == "":

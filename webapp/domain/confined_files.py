@@ -231,6 +231,7 @@ class Tree:
         opened with O_DIRECTORY|O_NOFOLLOW; in-root symlinks are resolved here. When
         follow_last and `last` fails with ELOOP (a symlink, since it opens with
         O_NOFOLLOW), that symlink is resolved too and `last` is tried on its target."""
+        done: list[str]
         root, pending, done = place.root, list(place.parts), []
         links = 0
         fd = os.dup(root.fd())

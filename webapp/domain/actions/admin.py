@@ -110,6 +110,7 @@ def checked(row, *, exclude: tuple[str, ...] = ()) -> None:
 
 def invalid(exc: ValidationError) -> SettingInvalid:
     if hasattr(exc, "error_dict"):
+        field: str | None
         field, errors = next(iter(exc.error_dict.items()))
         field = None if field == "__all__" else field
         return SettingInvalid(field, " ".join(e for err in errors for e in err.messages))

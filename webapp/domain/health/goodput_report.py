@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 from django.conf import settings
-from django.db.models import Count, F, FloatField, Q, Sum, Value, Window
+from django.db.models import Aggregate, Count, F, FloatField, Q, Sum, Value, Window
 from django.db.models.functions import TruncDate
 
 from webapp.domain.health.goodput import CAUSES
@@ -28,7 +28,7 @@ _SECONDS = ("wall_seconds", "running_seconds", "productive_seconds", *CAUSES, "o
 def _sums() -> dict:
     """The aggregates, named `s_<figure>`: an aggregate may not take a field's own name
     when another aggregate reads that field."""
-    sums = {name: Sum(name, default=0.0) for name in _SECONDS}
+    sums: dict[str, Aggregate] = {name: Sum(name, default=0.0) for name in _SECONDS}
     sums["gpu_seconds"] = Sum("gpu_seconds", default=0.0)
     sums["productive_gpu_seconds"] = Sum("productive_gpu_seconds", default=0.0)
     # GPU time while attempts ran: the exposure failures are counted against.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import cast
 
 from django.db import connection, models
 
@@ -37,7 +38,7 @@ def select_locked_later(model: type[models.Model], where: dict[str, Sequence]) -
     for column, values in where.items():
         conditions.append(f"{quote(column)} IN ({', '.join(['%s'] * len(values))})")
         params.extend(values)
-    order = quote(model._meta.pk.column)
+    order = quote(cast(str, model._meta.pk.column))  # a concrete model's pk has a column
     sql = f"{_select_head(model)} WHERE {' AND '.join(conditions)} ORDER BY {order}"  # noqa: S608
     instances = _instances(model)
     with connection.cursor() as cursor:

@@ -19,6 +19,7 @@ import json
 import math
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import cast
 
 import orjson
 from django.db import connection, models
@@ -283,7 +284,8 @@ def update_row(model: type[models.Model], pk, values: dict) -> None:
     assignments = ", ".join(f"{quote(f.column)} = %s" for f in fields)
     params = [f.get_db_prep_save(values[f.attname], connection) for f in fields]
     params.append(pk)
-    table, pk_column = quote(model._meta.db_table), quote(model._meta.pk.column)
+    # A concrete model's pk field has its column (the stubs allow None before it is bound).
+    table, pk_column = quote(model._meta.db_table), quote(cast(str, model._meta.pk.column))
     sql = f"UPDATE {table} SET {assignments} WHERE {pk_column} = %s"  # noqa: S608
     with new_cursor() as cursor:
         execute(cursor, sql, params)

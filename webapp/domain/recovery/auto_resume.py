@@ -8,7 +8,7 @@ from django.db import transaction
 
 from webapp.domain.launch import auto_limits
 from webapp.domain.locks import for_update
-from webapp.domain.models import Event, Project, Resume
+from webapp.domain.models import Checkpoint, Event, Project, Resume
 from webapp.domain.recovery import quarantine
 from webapp.domain.recovery import resume as resumes
 
@@ -24,7 +24,7 @@ def lineage(run) -> list:
     return chain
 
 
-def latest_resumable(chain) -> object | None:
+def latest_resumable(chain) -> Checkpoint | None:
     """The newest checkpoint a resume can start from along the lineage (newest run
     first): a resumed job that died before its first checkpoint restarts from its
     parent's."""
@@ -52,7 +52,7 @@ def maybe_auto_resume(run, reason: str):
     checkpoint = latest_resumable(chain)
     spent = used >= project.max_restarts and not preempted
     if checkpoint is None or spent:
-        why = (
+        why: str | None = (
             f"it was resumed automatically {used} times already (max {project.max_restarts})"
             if spent
             else "no verified checkpoint to resume from"
