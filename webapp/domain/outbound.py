@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -120,7 +121,8 @@ def _resolve(host: str, port: int) -> list[str]:
         raise OutboundUnresolvable(f"{host} cannot be resolved: {exc}") from None
     seen: list[str] = []
     for info in infos:
-        address = info[4][0].split("%", 1)[0]  # no IPv6 zone
+        # SOCK_STREAM answers are (host, port, ...) tuples: the host is a str.
+        address = cast(str, info[4][0]).split("%", 1)[0]  # no IPv6 zone
         if address not in seen:
             seen.append(address)
     return seen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from django.db import IntegrityError, transaction
 
@@ -17,7 +18,8 @@ from webapp.domain.actions.admin import (
 from webapp.domain.models import ApiToken
 from webapp.domain.models.projects import Scope
 
-NAME_MAX = ApiToken._meta.get_field("name").max_length
+# The name is a CharField: it has a max_length.
+NAME_MAX = cast(int, ApiToken._meta.get_field("name").max_length)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable
+from typing import cast
 
 from webapp.domain.child_payloads import Finding
 from webapp.domain.formats.base import Format, Inspection
@@ -83,7 +84,10 @@ def import_child_halves() -> None:
 
 
 def _naming() -> list[Format]:
-    return sorted((f for f in FORMATS if f.precedence is not None), key=lambda f: f.precedence)
+    # Only formats with a precedence are sorted here.
+    return sorted(
+        (f for f in FORMATS if f.precedence is not None), key=lambda f: cast(int, f.precedence)
+    )
 
 
 __all__ = [

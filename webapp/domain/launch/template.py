@@ -269,7 +269,8 @@ class _Scanner:
                 self.stack.pop()
                 self.word += c
                 return i + 1
-            return self.expansion(i, c) or (self._add(c) or i + 1)
+            # _add returns None on purpose: the `or` adds c and then gives i + 1.
+            return self.expansion(i, c) or (self._add(c) or i + 1)  # type: ignore[func-returns-value]
         if c == "'":
             self.stack.append(["sq", 0])
         elif text.startswith("$'", i):

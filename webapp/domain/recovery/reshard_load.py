@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -60,6 +61,9 @@ from webapp.domain.validation.inspect_dcp import (
     load_dcp_chunk,
     read_dcp_metadata,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 # DCP writes these classes into .metadata; the real ones are built for DCP's planner.
 _DCP_METADATA_MODULES = (
@@ -102,7 +106,12 @@ def _safe_reader(path: str):
 
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
     flat = tensor.detach().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+    # An ndarray is a buffer; numpy's stubs say so (__buffer__) only for Python 3.12 on.
+    return (
+        memoryview(cast("Buffer", flat.view(torch.uint8).numpy()))
+        if flat.numel()
+        else memoryview(b"")
+    )
 
 
 def _sha(tensor: torch.Tensor) -> str:

@@ -59,10 +59,11 @@ def resend(now, limit: int) -> list[repair.Owed]:
     )
     owed = []
     for _pk, status, target, checkpoint, project, run, step in rows:
-        why = {
+        reasons: dict[str, str] = {
             ReplicaStatus.UPLOADING: "its worker stopped mid-copy (the lease lapsed)",
             ReplicaStatus.PENDING: "its task was lost",
-        }[status]
+        }
+        why = reasons[status]
         owed.append(
             repair.Owed(
                 "replicate",

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 MAX_PARTS = 10_000  # S3's limit
 
@@ -139,7 +139,7 @@ def upload(
     upload exists, so that a crash can be cleaned up after. `budget`, when given, is
     taken before each read and given back once those bytes are sent."""
     budget = budget or Budget(max(part_size, math.ceil(size / MAX_PARTS)) * (concurrency + 1))
-    extra = {"Metadata": {"sha256": sha256}}
+    extra: dict[str, Any] = {"Metadata": {"sha256": sha256}}
     if storage_class:
         extra["StorageClass"] = storage_class
     # Larger parts for a file that would need more than S3's 10,000.
@@ -211,7 +211,7 @@ def _multipart(
 class _Upload:
     """One open multipart upload, and the budget its parts' bytes are held against."""
 
-    client: object
+    client: Any  # a boto3 S3 client
     bucket: str
     key: str
     upload_id: str

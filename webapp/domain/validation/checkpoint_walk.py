@@ -35,6 +35,7 @@ def walk(obj, file: str) -> Iterator[Found]:
             role = role_of(file, path, tensor.numel(), in_optimizer_state=in_optimizer)
             yield Found(f"{file}:{path_name(path)}", role, tensor)
             continue
+        items: list[tuple[str | int, object]]
         if isinstance(value, dict):
             items = [(k if isinstance(k, str) else str(k), v) for k, v in value.items()]
         elif isinstance(value, list | tuple):

@@ -50,7 +50,11 @@ class Finding:
     tensors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        out = {"severity": self.severity, "code": self.code, "message": self.message}
+        out: dict[str, str | list[str]] = {
+            "severity": self.severity,
+            "code": self.code,
+            "message": self.message,
+        }
         if self.file:
             out["file"] = self.file
         if self.tensors:
