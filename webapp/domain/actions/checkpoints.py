@@ -7,10 +7,11 @@ restore-test coalesce a repeat into the request already queued (common.py)."""
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import QuerySet
 
 from webapp.domain import publish
 from webapp.domain.actions.common import ActionRefused, NoSuchTarget, Requested, lock, pending
-from webapp.domain.models import Checkpoint, Event, Validation
+from webapp.domain.models import Checkpoint, Event, StorageTarget, Validation
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ReplicaStatus, ValidationKind
 from webapp.domain.recovery import quarantine
@@ -32,6 +33,7 @@ def validate(checkpoint: Checkpoint, actor: str) -> Requested:
             raise ActionRefused(f"step {locked.step} is {locked.status}")
         validation, alive = pending(locked, ValidationKind.INTEGRITY)
         if alive:
+            assert validation is not None  # pending(): alive only with a row
             return Requested(validation, coalesced=True)
         if validation is None:
             validation = Validation.objects.create(
@@ -94,6 +96,7 @@ def restore_test(checkpoint: Checkpoint, actor: str) -> Requested:
             )
         row, alive = pending(locked, ValidationKind.RESTORE)
         if alive:
+            assert row is not None  # pending(): alive only with a row
             return Requested(row, coalesced=True)
         if row is None:
             row = restore_tests.request(locked, requested_by=actor)
@@ -123,6 +126,7 @@ def replicate(checkpoint: Checkpoint, actor: str, target: str | None = None) -> 
             raise ActionRefused(
                 f"step {locked.step} is {locked.status}; only verified checkpoints are copied"
             )
+        targets: QuerySet[StorageTarget] | list[StorageTarget]
         targets = locked.project.storage_targets.filter(enabled=True).order_by("pk")
         if target:
             targets = targets.filter(name=target)

@@ -27,6 +27,7 @@ import os
 import resource
 import sys
 import time
+from typing import Any
 
 from webapp.domain import formats
 from webapp.domain.validation.inspector import serve_forked
@@ -54,7 +55,7 @@ def load(request: dict) -> dict:
     use_cuda = torch.cuda.is_available() and wanted in ("auto", "cuda")
     device = torch.device("cuda:0" if use_cuda else "cpu")
     name = f"cuda:0 ({torch.cuda.get_device_name(0)})" if use_cuda else "cpu"
-    result = {
+    result: dict[str, Any] = {
         "device": name,
         "tensors": 0,
         "bytes": 0,

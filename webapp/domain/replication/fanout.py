@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import BinaryIO, cast
 
 from webapp.domain.replication.upload import Budget, SourceChanged, upload
 
@@ -27,7 +28,7 @@ WAKE_S = 0.25  # how often the caller looks at the threads' progress
 class Tally:
     """Bytes done and sent, and the open multipart uploads, as the threads report them."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.done = self.sent = 0
         self.uploads: dict[str, str] = {}
@@ -55,7 +56,7 @@ def send_files(
     bucket: str,
     entries: list[dict],
     *,
-    open_source: Callable[[str], object],
+    open_source: Callable[[str], BinaryIO],
     present: Callable[[dict], bool],
     tally: Tally,
     on_wake: Callable[[], None],
@@ -117,7 +118,7 @@ def send_files(
     finally:
         stop.set()
         pool.shutdown(wait=True)
-    errors = [f.exception() for f in futures if f.exception()]
+    errors = [cast(BaseException, f.exception()) for f in futures if f.exception()]
     if errors:
         changed = [e for e in errors if isinstance(e, SourceChanged)]
         raise (changed or errors)[0]

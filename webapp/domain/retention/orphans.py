@@ -57,6 +57,8 @@ def _live_replicas(target):
 
 def accounted(target) -> tuple[set[str], set[str]]:
     """(object keys, multipart upload ids) the records account for."""
+    keys: set[str]
+    uploads: set[str]
     keys, uploads = set(), set()
     rows = _live_replicas(target).values_list(
         "files", "manifest_key", "uploads", "checkpoint__project__slug",
@@ -265,7 +267,7 @@ def findings(project, limit: int = 20) -> dict:
         .select_related("checkpoint__run", "target")
         .order_by("-pk")
     )
-    newest = {}
+    newest: dict[int, StorageAudit] = {}
     for row in StorageAudit.objects.filter(target__project=project).order_by(
         "target_id", "-started_at"
     ):

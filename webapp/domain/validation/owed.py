@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import cast
 
 from django.conf import settings
 from django.db.models import Exists, OuterRef, Q
@@ -56,7 +57,7 @@ def resend(now, limit: int) -> list[repair.Owed]:
         )
         for pk, project, run, step, sent in unsettled
     ]
-    ids = [o.checkpoint_id for o in owed]
+    ids = [cast(int, o.checkpoint_id) for o in owed]  # each made with checkpoint_id=pk
     # Served by the partial index validation_unsettled. A check whose worker died; one
     # fanned out in parts renews its lease only while a part runs, so while parts may
     # still wait on the queue, its lapse means nothing yet. And a re-validation whose
