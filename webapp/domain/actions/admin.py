@@ -10,7 +10,9 @@ leave the same row."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
@@ -127,18 +129,21 @@ def saved(row, what: str, **fields) -> None:
         raise SettingConflict("name", f"{what} of this project already has this name.") from None
 
 
-def disable_or_delete(caller: Caller, row, kind: str, uses: str, gone: str) -> str:
-    """One rule for what history refers to: with `uses` (e.g. "3 replicas on it") the row
-    is kept, disabled; without, it is deleted. Audited either way; returns "disabled" or
-    "deleted"."""
+def disable_or_delete(caller: Caller, row, kind: str, gone: str, uses: Callable[[Any], str]) -> str:
+    """One rule for what history refers to, for an admin of the row's project: when
+    `uses(row)` says what refers to it (e.g. "3 replicas on it") the row is kept,
+    disabled; when it says nothing, the row is deleted (`gone`: what the audit message
+    calls it). Audited either way; returns "disabled" or "deleted"."""
+    require_admin(caller)
+    own(caller, row)
     key = kind.replace(" ", "_")
-    if uses:
+    if used := uses(row):
         type(row).objects.filter(pk=row.pk).update(enabled=False)
         row.enabled = False
         audit(
             caller,
             f"{key}.disabled",
-            f"{kind} {row.name!r} disabled, not deleted: {uses}",
+            f"{kind} {row.name!r} disabled, not deleted: {used}",
             **{key: row.pk},
         )
         return "disabled"
@@ -146,6 +151,38 @@ def disable_or_delete(caller: Caller, row, kind: str, uses: str, gone: str) -> s
     row.delete()
     audit(caller, f"{key}.deleted", f"{kind} {row.name!r} ({gone}) deleted", **{key: pk})
     return "deleted"
+
+
+def update_row(
+    caller: Caller,
+    row,
+    changes: dict,
+    kind: str,
+    order: tuple[str, ...],
+    clean: Callable[[Any, dict], list[str]],
+    copy: tuple[str, ...] = (),
+) -> list[str]:
+    """The one way a settings row changes, for an admin of its project. The row is read
+    again as stored (a form's instance already holds the new values) and `changes` are
+    set on it (only the fields in `order`); `clean(fresh, before)` checks it, may refuse,
+    and returns the fields that changed. Then it is saved, the one audit Event names
+    those fields, and `row` takes the values stored (`order` and `copy`). Returns the
+    fields that changed."""
+    require_admin(caller)
+    own(caller, row)
+    fresh = type(row).objects.get(pk=row.pk)
+    fields = clean(fresh, apply(fresh, changes, order))
+    saved(fresh, f"{'An' if kind[0] in 'aeiou' else 'A'} {kind}")
+    key = kind.replace(" ", "_")
+    audit(
+        caller,
+        f"{key}.changed",
+        f"{kind} {fresh.name!r} changed: {', '.join(fields) or 'nothing'}",
+        **{key: row.pk},
+    )
+    for name in (*order, *copy):
+        setattr(row, name, getattr(fresh, name))
+    return fields
 
 
 def apply(row, changes: dict, order: tuple[str, ...]) -> dict:

@@ -11,7 +11,6 @@ from webapp.domain import channels
 from webapp.domain.actions.admin import (
     Caller,
     SettingInvalid,
-    apply,
     audit,
     changed,
     checked,
@@ -19,6 +18,7 @@ from webapp.domain.actions.admin import (
     own,
     require_admin,
     saved,
+    update_row,
 )
 from webapp.domain.models.alerts import AlertChannel, AlertKind
 
@@ -75,27 +75,16 @@ def create_channel(
 
 def update_channel(caller: Caller, channel: AlertChannel, **changes) -> list[str]:
     """Change what `changes` names (FIELDS); returns the fields that changed."""
-    require_admin(caller)
-    own(caller, channel)
-    if "name" in changes:
-        changes["name"] = (changes["name"] or "").strip()
-    if "kinds" in changes:
-        changes["kinds"] = list(changes["kinds"] or [])
-    # The row as stored: a form's instance already holds the new values.
-    fresh = AlertChannel.objects.get(pk=channel.pk)
-    before = apply(fresh, changes, FIELDS)
-    _clean(fresh)
-    fields = changed(fresh, before)
-    saved(fresh, "An alert channel")
-    audit(
-        caller,
-        "alert_channel.changed",
-        f"alert channel {fresh.name!r} changed: {', '.join(fields) or 'nothing'}",
-        alert_channel=channel.pk,
-    )
-    for name in FIELDS:
-        setattr(channel, name, getattr(fresh, name))
-    return fields
+
+    def cleaned(fresh: AlertChannel, before: dict) -> list[str]:
+        if "name" in changes:
+            fresh.name = (fresh.name or "").strip()
+        if "kinds" in changes:
+            fresh.kinds = list(fresh.kinds or [])
+        _clean(fresh)
+        return changed(fresh, before)
+
+    return update_row(caller, channel, changes, "alert channel", FIELDS, cleaned)
 
 
 def set_channel_enabled(caller: Caller, channel: AlertChannel, enabled: bool) -> bool:
@@ -117,15 +106,12 @@ def set_channel_enabled(caller: Caller, channel: AlertChannel, enabled: bool) ->
     return True
 
 
+def _notified(channel: AlertChannel) -> str:
+    sent = channel.notifications.count()
+    return f"{sent} notifications" if sent else ""
+
+
 def delete_channel(caller: Caller, channel: AlertChannel) -> str:
     """Delete, or keep disabled when it has been notified; "deleted" or "disabled"."""
-    require_admin(caller)
-    own(caller, channel)
-    sent = channel.notifications.count()
-    return disable_or_delete(
-        caller,
-        channel,
-        "alert channel",
-        f"{sent} notifications" if sent else "",
-        f"{channel.kind} to {channel.shown_target}",
-    )
+    shown = f"{channel.kind} to {channel.shown_target}"
+    return disable_or_delete(caller, channel, "alert channel", shown, _notified)

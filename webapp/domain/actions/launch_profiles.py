@@ -19,6 +19,7 @@ from webapp.domain.actions.admin import (
     own,
     require_admin,
     saved,
+    update_row,
 )
 from webapp.domain.models import LaunchProfile
 
@@ -87,26 +88,15 @@ def update_profile(
     **changes,
 ) -> list[str]:
     """Change what is given (None: unchanged); returns the fields that changed."""
-    require_admin(caller)
-    own(caller, profile)
-    # The row as stored: a form's instance already holds the new values.
-    fresh = LaunchProfile.objects.get(pk=profile.pk)
-    before = apply(fresh, changes, FIELDS)
-    options_before = _options_of(fresh)
-    _options(fresh, workdir, env)
-    _clean(fresh)
-    fields = changed(fresh, before)
-    fields += [k for k, v in _options_of(fresh).items() if v != options_before[k]]
-    saved(fresh, "A launch profile")
-    audit(
-        caller,
-        "launch_profile.changed",
-        f"launch profile {fresh.name!r} changed: {', '.join(fields) or 'nothing'}",
-        launch_profile=profile.pk,
-    )
-    for name in (*FIELDS, "options"):
-        setattr(profile, name, getattr(fresh, name))
-    return fields
+
+    def cleaned(fresh: LaunchProfile, before: dict) -> list[str]:
+        options_before = _options_of(fresh)
+        _options(fresh, workdir, env)
+        _clean(fresh)
+        fields = changed(fresh, before)
+        return fields + [k for k, v in _options_of(fresh).items() if v != options_before[k]]
+
+    return update_row(caller, profile, changes, "launch profile", FIELDS, cleaned, ("options",))
 
 
 def history(profile: LaunchProfile) -> str:

@@ -17,9 +17,9 @@ from webapp.domain.actions.admin import (
     changed,
     checked,
     disable_or_delete,
-    own,
     require_admin,
     saved,
+    update_row,
 )
 from webapp.domain.models import StorageTarget
 from webapp.domain.replication import storage_access
@@ -72,38 +72,25 @@ def create_target(caller: Caller, **fields) -> StorageTarget:
 def update_target(caller: Caller, target: StorageTarget, **changes) -> list[str]:
     """Change what `changes` names; bucket, prefix and endpoint are fixed once replicas
     are stored there. Returns the fields that changed."""
-    require_admin(caller)
-    own(caller, target)
-    # The row as stored: a form's instance already holds the new values.
-    fresh = StorageTarget.objects.get(pk=target.pk)
-    before = apply(fresh, changes, FIELDS)
-    _clean(caller, fresh)
-    fields = changed(fresh, before)
-    fixed = [name for name in fields if name in FIXED_FIELDS]
-    if fixed and (replicas := fresh.replicas.count()):
-        raise SettingConflict(fixed[0], f"fixed: {replicas} replicas are stored there")
-    saved(fresh, "A storage target")
-    audit(
-        caller,
-        "storage_target.changed",
-        f"storage target {fresh.name!r} changed: {', '.join(fields) or 'nothing'}",
-        storage_target=target.pk,
-    )
-    for name in FIELDS:
-        setattr(target, name, getattr(fresh, name))
-    return fields
+
+    def cleaned(fresh: StorageTarget, before: dict) -> list[str]:
+        _clean(caller, fresh)
+        fields = changed(fresh, before)
+        fixed = [name for name in fields if name in FIXED_FIELDS]
+        if fixed and (replicas := fresh.replicas.count()):
+            raise SettingConflict(fixed[0], f"fixed: {replicas} replicas are stored there")
+        return fields
+
+    return update_row(caller, target, changes, "storage target", FIELDS, cleaned)
+
+
+def _replicas_on(target: StorageTarget) -> str:
+    replicas = target.replicas.count()
+    return f"{replicas} replicas on it" if replicas else ""
 
 
 def delete_target(caller: Caller, target: StorageTarget) -> str:
     """Delete, or keep disabled while replicas are on it (they stay restorable);
     "deleted" or "disabled"."""
-    require_admin(caller)
-    own(caller, target)
-    replicas = target.replicas.count()
-    return disable_or_delete(
-        caller,
-        target,
-        "storage target",
-        f"{replicas} replicas on it" if replicas else "",
-        f"s3://{target.bucket}/{target.prefix}",
-    )
+    where = f"s3://{target.bucket}/{target.prefix}"
+    return disable_or_delete(caller, target, "storage target", where, _replicas_on)
