@@ -170,6 +170,8 @@ class WarmHelper:
         with self._lock:
             for attempt in (1, 2):
                 self._start_if_needed()
+                # Started just above, with a pipe for its stdin.
+                assert self._proc is not None and self._proc.stdin is not None
                 try:
                     self._proc.stdin.write(line)
                     self._proc.stdin.flush()
@@ -202,6 +204,8 @@ class WarmHelper:
 
     def _read_answer(self, timeout_s: float) -> dict | None:
         deadline = time.monotonic() + timeout_s
+        # Only called on a started helper (run()), whose stdout is a pipe.
+        assert self._proc is not None and self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
         with selectors.DefaultSelector() as selector:
             selector.register(fd, selectors.EVENT_READ)
@@ -225,6 +229,7 @@ class WarmHelper:
         _kill_group(self._proc)
         self._proc.wait()
         for stream in (self._proc.stdin, self._proc.stdout):
+            assert stream is not None  # both are pipes (_start_if_needed)
             with contextlib.suppress(OSError):
                 stream.close()
         self._proc = None
