@@ -179,6 +179,7 @@ def record(checkpoint_id, actor: str, why: str, previous_message, error) -> bool
         )
         if not unfinished:
             return False  # another worker settled it meanwhile
+        assert checkpoint is not None  # unfinished: the row is there
         fields = ["status", "status_message", "updated_at"]
         if error:
             checkpoint.status = CheckpointStatus.VERIFIED
