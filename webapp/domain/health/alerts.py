@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import statistics
 from datetime import timedelta
+from typing import cast
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -229,11 +230,14 @@ def on_verdict(checkpoint, validation, previous_status: str) -> None:
 def check_slow_save(checkpoint) -> None:
     if not checkpoint.save_seconds:
         return
-    usual = list(
-        Checkpoint.objects.filter(run_id=checkpoint.run_id, save_seconds__isnull=False)
-        .exclude(pk=checkpoint.pk)
-        .order_by("-step")
-        .values_list("save_seconds", flat=True)[:20]
+    usual = cast(  # save_seconds__isnull=False: every one is a float
+        list[float],
+        list(
+            Checkpoint.objects.filter(run_id=checkpoint.run_id, save_seconds__isnull=False)
+            .exclude(pk=checkpoint.pk)
+            .order_by("-step")
+            .values_list("save_seconds", flat=True)[:20]
+        ),
     )
     if len(usual) < 3:
         return
@@ -276,7 +280,8 @@ def check_quotas() -> list:
             .aggregate(total=Sum("total_size"))["total"]
             or 0
         )
-        over = used > project.storage_quota_bytes
+        # storage_quota_bytes__isnull=False above: the quota is set.
+        over = used > cast(int, project.storage_quota_bytes)
         if over == project.over_quota:
             continue
         changed = Project.objects.filter(pk=project.pk, over_quota=project.over_quota).update(

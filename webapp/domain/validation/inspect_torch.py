@@ -9,6 +9,7 @@ import re
 import time
 import zipfile
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -148,7 +149,7 @@ def weights_only_reason(error: Exception) -> str:
 
 
 def load_torch(full: str, is_zip: bool, safe_globals: list | None = None):
-    kwargs = {"weights_only": True, "map_location": "cpu", "mmap": is_zip}
+    kwargs: dict[str, Any] = {"weights_only": True, "map_location": "cpu", "mmap": is_zip}
     if safe_globals is None:
         return torch.load(full, **kwargs)
     with torch.serialization.safe_globals(safe_globals):
