@@ -15,7 +15,7 @@ from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import project_view
-from webapp.dashboard.setting_changes import change
+from webapp.dashboard.setting_changes import added, change
 from webapp.dashboard.settings_views import _settings_context
 from webapp.domain import actions, channels
 from webapp.domain.models.alerts import AlertChannel, AlertKind, Flip, Notification
@@ -60,16 +60,10 @@ def alerts(request):
     """Alert channels (list, add, disable) and the recent flips, with each notification
     and every attempt at sending it."""
     form = AlertChannelForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
-        done = change(
-            request,
-            lambda caller: actions.create_channel(caller, **form.cleaned_data),
-            "dashboard:settings-alerts",
-            form=form,
-            done=lambda channel: f"Alert channel {channel.name} is added.",
-        )
-        if done is not None:
-            return done
+    if done := added(
+        request, form, actions.create_channel, "Alert channel", "dashboard:settings-alerts"
+    ):
+        return done
     channels = request.project.alert_channels.annotate(sent=Count("notifications")).order_by("name")
     flips = (
         Flip.objects.filter(project=request.project)

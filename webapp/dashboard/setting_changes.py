@@ -44,3 +44,30 @@ def change(
     if text:
         level(request, text)
     return redirect(to, request.project.slug)
+
+
+def submitted(
+    request,
+    form,
+    action: Callable[[actions.Caller], object],
+    to: str,
+    done: Callable[[object], str | None] | None = None,
+):
+    """change() for a page's form: on a valid POST, `action(caller)` as change() carries
+    it out. None when the page is to be shown: a GET, an invalid form, or a refusal (then
+    on the form)."""
+    if request.method == "POST" and form.is_valid():
+        return change(request, action, to, form=form, done=done)
+    return None
+
+
+def added(request, form, create: Callable[..., object], kind: str, to: str):
+    """A settings page's add form: on a valid POST, `create(caller, **form.cleaned_data)`,
+    then back to `to` saying "<kind> <name> is added."; None as submitted()."""
+    return submitted(
+        request,
+        form,
+        lambda caller: create(caller, **form.cleaned_data),
+        to,
+        lambda row: f"{kind} {row.name} is added.",
+    )

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import project_view
 from webapp.dashboard.alert_views import AlertChannelForm
-from webapp.dashboard.setting_changes import change
+from webapp.dashboard.setting_changes import change, submitted
 from webapp.dashboard.settings_views import (
     SAMPLE_VALUES,
     StorageTargetForm,
@@ -24,6 +24,7 @@ from webapp.dashboard.settings_views import (
     profile_form,
 )
 from webapp.domain import actions
+from webapp.domain.actions.alert_channels import history as channel_history
 from webapp.domain.actions.launch_profiles import history as profile_history
 from webapp.domain.actions.storage_targets import FIXED_FIELDS
 from webapp.domain.launch import template
@@ -46,32 +47,37 @@ def storage_target_edit(request, target_id: int):
         for name in FIXED_FIELDS:
             form.fields[name].disabled = True
             form.fields[name].help_text = f"Fixed: {replicas} replicas are stored there."
-    if request.method == "POST" and form.is_valid():
+
+    def update(caller):
         # Only what the form changed: fixed fields are disabled and keep their value.
         changes = {name: form.cleaned_data[name] for name in form.changed_data}
-        done = change(
-            request,
-            lambda caller: actions.update_target(caller, target, **changes),
-            "dashboard:settings-storage",
-            form=form,
-            done=lambda fields: f"{target.name} is saved.",
-        )
-        if done is not None:
-            return done
+        return actions.update_target(caller, target, **changes)
+
+    shown = f"{replicas} replicas" if replicas else ""
+    return _edit(request, form, target, "storage target", "storage", lambda _: shown, update)
+
+
+def _edit(request, form, row, what: str, tab: str, history, update, **context):
+    """The edit page of a settings row (`what`, listed on the page `tab`): a valid POST
+    is `update(caller)`, then back to the list saying "<name> is saved."; otherwise the
+    form, with what refers to the row (`history(row)`, asked only when the page is
+    shown)."""
+    to = f"dashboard:settings-{tab}"
+    if done := submitted(request, form, update, to, lambda fields: f"{row.name} is saved."):
+        return done
     return render(
         request,
         "dashboard/settings_edit.html",
         _settings_context(
-            request, form=form, obj=target, what="storage target", tab="storage",
-            back=reverse("dashboard:settings-storage", args=[request.project.slug]),
-            history=f"{replicas} replicas" if replicas else "",
+            request, form=form, obj=row, what=what, tab=tab,
+            back=reverse(to, args=[request.project.slug]), history=history(row), **context,
         ),
     )  # fmt: skip
 
 
-def _delete(request, action, row, kind: str, kept: str, to: str):
-    """Delete `row` through `action`; the action keeps it, disabled, when history refers
-    to it, and the page then says why (`kept`)."""
+def _delete(request, action, row, kind: str, tab: str, kept: str):
+    """Delete `row` through `action`, then back to the list (the page `tab`); the action
+    keeps it, disabled, when history refers to it, and the page then says why (`kept`)."""
 
     def say(outcome: str) -> None:
         if outcome == "disabled":
@@ -79,7 +85,9 @@ def _delete(request, action, row, kind: str, kept: str, to: str):
         else:
             messages.success(request, f"{kind.capitalize()} {row.name} is deleted.")
 
-    return change(request, lambda caller: action(caller, row), to, done=say)
+    return change(
+        request, lambda caller: action(caller, row), f"dashboard:settings-{tab}", done=say
+    )
 
 
 @require_POST
@@ -87,14 +95,8 @@ def _delete(request, action, row, kind: str, kept: str, to: str):
 def storage_target_delete(request, target_id: int):
     target = get_object_or_404(StorageTarget, project=request.project, pk=target_id)
     replicas = target.replicas.count()
-    return _delete(
-        request,
-        actions.delete_target,
-        target,
-        "storage target",
-        f"{replicas} replicas are stored there and stay restorable. Nothing new is copied to it.",
-        "dashboard:settings-storage",
-    )
+    kept = f"{replicas} replicas are stored there and stay restorable. Nothing new is copied to it."
+    return _delete(request, actions.delete_target, target, "storage target", "storage", kept)
 
 
 # --- Launch profiles -----------------------------------------------------------------------
@@ -105,24 +107,10 @@ def storage_target_delete(request, target_id: int):
 def launch_profile_edit(request, profile_id: int):
     profile = get_object_or_404(LaunchProfile, project=request.project, pk=profile_id)
     form = profile_form(request, instance=profile)
-    if request.method == "POST" and form.is_valid():
-        done = change(
-            request,
-            lambda caller: actions.update_profile(caller, profile, **form.cleaned_data),
-            "dashboard:settings-profiles",
-            form=form,
-            done=lambda fields: f"{profile.name} is saved.",
-        )
-        if done is not None:
-            return done
-    return render(
-        request,
-        "dashboard/settings_edit.html",
-        _settings_context(
-            request, form=form, obj=profile, what="launch profile", tab="profiles",
-            back=reverse("dashboard:settings-profiles", args=[request.project.slug]),
-            history=profile_history(profile), placeholders=placeholder_rows(), preview=True,
-        ),
+    return _edit(
+        request, form, profile, "launch profile", "profiles", profile_history,
+        lambda caller: actions.update_profile(caller, profile, **form.cleaned_data),
+        placeholders=placeholder_rows(), preview=True,
     )  # fmt: skip
 
 
@@ -170,25 +158,9 @@ def launch_profile_preview(request):
 def alert_channel_edit(request, channel_id: int):
     channel = get_object_or_404(AlertChannel, project=request.project, pk=channel_id)
     form = AlertChannelForm(request.POST or None, instance=channel)
-    if request.method == "POST" and form.is_valid():
-        done = change(
-            request,
-            lambda caller: actions.update_channel(caller, channel, **form.cleaned_data),
-            "dashboard:settings-alerts",
-            form=form,
-            done=lambda fields: f"{channel.name} is saved.",
-        )
-        if done is not None:
-            return done
-    sent = channel.notifications.count()
-    return render(
-        request,
-        "dashboard/settings_edit.html",
-        _settings_context(
-            request, form=form, obj=channel, what="alert channel", tab="alerts",
-            back=reverse("dashboard:settings-alerts", args=[request.project.slug]),
-            history=f"{sent} notifications" if sent else "",
-        ),
+    return _edit(
+        request, form, channel, "alert channel", "alerts", channel_history,
+        lambda caller: actions.update_channel(caller, channel, **form.cleaned_data),
     )  # fmt: skip
 
 
@@ -197,11 +169,5 @@ def alert_channel_edit(request, channel_id: int):
 def alert_channel_delete(request, channel_id: int):
     channel = get_object_or_404(AlertChannel, project=request.project, pk=channel_id)
     sent = channel.notifications.count()
-    return _delete(
-        request,
-        actions.delete_channel,
-        channel,
-        "alert channel",
-        f"{sent} notifications were sent to it and stay in the record. It gets no new ones.",
-        "dashboard:settings-alerts",
-    )
+    kept = f"{sent} notifications were sent to it and stay in the record. It gets no new ones."
+    return _delete(request, actions.delete_channel, channel, "alert channel", "alerts", kept)

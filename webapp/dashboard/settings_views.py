@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from webapp.dashboard.access import project_view
-from webapp.dashboard.setting_changes import change
+from webapp.dashboard.setting_changes import added, change, submitted
 from webapp.domain import actions
 from webapp.domain.launch import template
 from webapp.domain.launch.job_env import _NAME, refusal
@@ -182,22 +182,20 @@ def tokens(request):
     the GET after the redirect takes it out and shows it, once. A reload shows the page
     without the secret and creates nothing."""
     form = TokenForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
 
-        def issue(caller):
-            issued = actions.create_token(
-                caller, form.cleaned_data["name"], form.cleaned_data["scopes"]
-            )
-            request.session[NEW_TOKEN_KEY] = {
-                "project": request.project.pk,
-                "token": issued.token.pk,
-                "secret": issued.secret,
-                "until": time.time() + NEW_TOKEN_SHOWN_FOR_S,
-            }
+    def issue(caller):
+        issued = actions.create_token(
+            caller, form.cleaned_data["name"], form.cleaned_data["scopes"]
+        )
+        request.session[NEW_TOKEN_KEY] = {
+            "project": request.project.pk,
+            "token": issued.token.pk,
+            "secret": issued.secret,
+            "until": time.time() + NEW_TOKEN_SHOWN_FOR_S,
+        }
 
-        done = change(request, issue, "dashboard:settings-tokens", form=form)
-        if done is not None:
-            return done
+    if done := submitted(request, form, issue, "dashboard:settings-tokens"):
+        return done
     created = None
     shown = request.session.pop(NEW_TOKEN_KEY, None) if request.method == "GET" else None
     if shown and shown.get("project") == request.project.pk and shown.get("until", 0) > time.time():
@@ -234,16 +232,10 @@ def token_revoke(request, token_id: int):
 @project_view(Role.ADMIN)
 def storage_targets(request):
     form = StorageTargetForm(request.POST or None, project=request.project)
-    if request.method == "POST" and form.is_valid():
-        done = change(
-            request,
-            lambda caller: actions.create_target(caller, **form.cleaned_data),
-            "dashboard:settings-storage",
-            form=form,
-            done=lambda target: f"Storage target {target.name} is added.",
-        )
-        if done is not None:
-            return done
+    if done := added(
+        request, form, actions.create_target, "Storage target", "dashboard:settings-storage"
+    ):
+        return done
     newest_audit = StorageAudit.objects.filter(target=OuterRef("pk")).order_by("-started_at")
     targets = list(
         request.project.storage_targets.annotate(
@@ -267,16 +259,10 @@ def storage_targets(request):
 @project_view(Role.ADMIN)
 def launch_profiles(request):
     form = profile_form(request)
-    if request.method == "POST" and form.is_valid():
-        done = change(
-            request,
-            lambda caller: actions.create_profile(caller, **form.cleaned_data),
-            "dashboard:settings-profiles",
-            form=form,
-            done=lambda profile: f"Launch profile {profile.name} is added.",
-        )
-        if done is not None:
-            return done
+    if done := added(
+        request, form, actions.create_profile, "Launch profile", "dashboard:settings-profiles"
+    ):
+        return done
     profiles = list(request.project.launch_profiles.annotate(used=Count("resume")).order_by("name"))
     for profile in profiles:
         # A profile saved before templates were checked: say so, it will not launch.

@@ -106,7 +106,8 @@ def set_channel_enabled(caller: Caller, channel: AlertChannel, enabled: bool) ->
     return True
 
 
-def _notified(channel: AlertChannel) -> str:
+def history(channel: AlertChannel) -> str:
+    """What refers to the channel, in words; empty when nothing does."""
     sent = channel.notifications.count()
     return f"{sent} notifications" if sent else ""
 
@@ -114,4 +115,4 @@ def _notified(channel: AlertChannel) -> str:
 def delete_channel(caller: Caller, channel: AlertChannel) -> str:
     """Delete, or keep disabled when it has been notified; "deleted" or "disabled"."""
     shown = f"{channel.kind} to {channel.shown_target}"
-    return disable_or_delete(caller, channel, "alert channel", shown, _notified)
+    return disable_or_delete(caller, channel, "alert channel", shown, history)
