@@ -12,6 +12,7 @@ them), and a page of runs costs two or three queries whatever its length.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from webapp.domain.models import Resume, Run
 from webapp.domain.recovery.resume import FINAL
@@ -103,6 +104,7 @@ def families_of(project_id: int, runs) -> dict[int, Family]:
         if parent is not None and parent != child
     }
     children: dict[int, list[int]] = {}
+    parent: int | None  # None below for a run resumed from none
     for child, (parent, _) in links.items():
         children.setdefault(parent, []).append(child)
 
@@ -158,6 +160,8 @@ def grouped(project_id: int, runs) -> list[dict]:
     Each run gets `label` (what tells it apart) and `member` (its place in the family)."""
     runs = list(runs)
     by_run = families_of(project_id, runs)
+    groups: list[dict[str, Any]]
+    placed: dict[int, dict[str, Any]]
     groups, placed = [], {}
     for run in runs:
         family = by_run[run.pk]
