@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 # By the module, not the name: a test replaces inspector.inspect_checkpoint.
 import webapp.domain.validation.inspector as inspector
@@ -78,7 +79,13 @@ def raw_parts(
 
 def merge_parts(results: list[dict], format_hint: str) -> dict:
     """One result from the parts' results (inspector.inspect_checkpoint's shape)."""
-    merged = {"tensors": 0, "parameters": 0, "dtypes": {}, "keys": {}, "findings": []}
+    merged: dict[str, Any] = {
+        "tensors": 0,
+        "parameters": 0,
+        "dtypes": {},
+        "keys": {},
+        "findings": [],
+    }
     nonfinite, zero, formats, nonzero, seen = [], [], set(), set(), set()
     timings = {"load_s": 0.0, "scan_s": 0.0}
     for result in results:

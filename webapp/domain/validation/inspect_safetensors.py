@@ -96,8 +96,8 @@ def read_safetensors_header(full: str, size: int) -> tuple[int, list[Safetensors
     if not isinstance(header, dict):
         raise HeaderError("the header is JSON but not an object")
     data_size = size - 8 - length
-    entries = [_header_entry(name, spec, data_size) for name, spec in header.items()]
-    entries = [e for e in entries if e is not None]
+    headed = [_header_entry(name, spec, data_size) for name, spec in header.items()]
+    entries = [e for e in headed if e is not None]
     entries.sort(key=lambda e: (e.begin, e.end))
     _check_layout(entries, data_size)
     return 8 + length, entries
@@ -146,9 +146,10 @@ def _is_count(value) -> bool:
 def _check_layout(entries: list[SafetensorsEntry], data_size: int) -> None:
     """Tensors must tile the data area exactly: no overlap, no gap, nothing after."""
     position = 0
-    previous = None
+    previous: SafetensorsEntry | None = None
     for entry in entries:
         if entry.begin < position:
+            assert previous is not None  # position > 0: an entry came before
             raise HeaderError(
                 f"{entry.name} (bytes {entry.begin}-{entry.end}) overlaps {previous.name} "
                 f"(bytes {previous.begin}-{previous.end})"
