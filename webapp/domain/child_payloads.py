@@ -34,7 +34,7 @@ class InspectTimings(TypedDict):
 class InspectValues(TypedDict):
     nonfinite: list[dict[str, Any]]
     zero: list[dict[str, Any]]
-    nonzero: int
+    nonzero: list[str]  # tensors with a value that is not zero (Report.nonzero)
 
 
 class InspectResult(TypedDict, total=False):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from webapp.domain.child_payloads import Finding
 from webapp.domain.validation.tensor_places import BOOKKEEPING, MODEL, ROLE_WORDS
 
 MESSAGE_NAMES = 5  # tensors named in a message; the finding's "tensors" holds them all
@@ -26,11 +27,11 @@ class AllZero:
     role: str = MODEL
 
 
-def value_findings(nonfinite: list[NonFinite], zero: list[AllZero]) -> list[dict]:
+def value_findings(nonfinite: list[NonFinite], zero: list[AllZero]) -> list[Finding]:
     """NaN/Inf in model weights or optimizer state: corrupt. NaN/Inf in bookkeeping
     values: info. An all-zero matrix of model weights or optimizer state: suspicious
     (bookkeeping values never reach `zero`: they are single numbers)."""
-    findings = []
+    findings: list[Finding] = []
     broken = [v for v in nonfinite if v.role != BOOKKEEPING]
     kept = [v for v in nonfinite if v.role == BOOKKEEPING]
     if broken:
@@ -72,7 +73,7 @@ def value_findings(nonfinite: list[NonFinite], zero: list[AllZero]) -> list[dict
     return findings
 
 
-def _finding(severity: str, code: str, message: str, tensors: list[str]) -> dict:
+def _finding(severity: str, code: str, message: str, tensors: list[str]) -> Finding:
     return {"severity": severity, "code": code, "message": message, "tensors": tensors}
 
 

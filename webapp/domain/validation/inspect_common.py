@@ -14,10 +14,11 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
+from typing import cast
 
 import torch
 
-from webapp.domain.child_payloads import InspectResult
+from webapp.domain.child_payloads import Finding, InspectResult, InspectValues
 from webapp.domain.validation import torch_files
 from webapp.domain.validation.content_findings import AllZero, NonFinite, value_findings
 from webapp.domain.validation.content_findings import plural as plural
@@ -47,7 +48,7 @@ class Report:
     parameters: int = 0
     dtypes: Counter = field(default_factory=Counter)
     keys: dict[str, list] = field(default_factory=dict)
-    findings: list[dict] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     nonfinite: list[NonFinite] = field(default_factory=list)
     zero: list[AllZero] = field(default_factory=list)
     # Tensors with a value that is not zero, where a tensor's chunks may be scanned by
@@ -61,7 +62,7 @@ class Report:
     def add(
         self, severity: str, code: str, message: str, file: str = "", tensors: list | None = None
     ) -> None:
-        finding = {"severity": severity, "code": code, "message": message}
+        finding: Finding = {"severity": severity, "code": code, "message": message}
         if file:
             finding["file"] = file
         if tensors:
@@ -80,6 +81,7 @@ class Report:
         checked in parts) the NaN/Inf and all-zero tensors are listed under "values" for
         the parent to summarise over all parts (inspect_parts.merge_parts), not
         summarised here."""
+        values: InspectValues | None
         if raw_values:
             values = {
                 "nonfinite": [asdict(v) for v in self.nonfinite],
@@ -89,7 +91,7 @@ class Report:
         else:
             self._summarise_content()
             values = None
-        return {
+        result: InspectResult = {
             "format": detected,
             "tensors": self.tensors,
             "parameters": self.parameters,
@@ -97,8 +99,10 @@ class Report:
             "keys": self.keys,
             "findings": self.findings,
             "timings": {"load_s": round(self.load_s, 6), "scan_s": round(self.scan_s, 6)},
-            **({"values": values} if values is not None else {}),
         }
+        if values is not None:
+            result["values"] = values
+        return result
 
     def _summarise_content(self) -> None:
         """NaN/Inf and all-zero findings, by where each value lives (content_findings)."""
@@ -134,6 +138,8 @@ def scan_values(t: torch.Tensor) -> tuple[int, int, bool]:
     element by element."""
     nan = inf = 0
     all_zero = True
+    low: torch.Tensor | float  # a tensor from aminmax, then its float
+    high: torch.Tensor | float
     for view in _float_views(t):
         low, high = torch.aminmax(view)
         low, high = float(low), float(high)
@@ -254,10 +260,11 @@ def pickle_globals(data: bytes) -> list[str]:
                 pushed.append(None)
             elif opcode.name == "MEMOIZE":
                 memo[len(memo)] = pushed[-1] if pushed else None
+            # The memo opcodes' argument is an int (pickletools reads it as one).
             elif opcode.name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                memo[int(arg)] = pushed[-1] if pushed else None
+                memo[int(cast(int, arg))] = pushed[-1] if pushed else None
             elif opcode.name in ("GET", "BINGET", "LONG_BINGET"):
-                pushed.append(memo.get(int(arg)))
+                pushed.append(memo.get(int(cast(int, arg))))
             else:
                 pushed.append(arg if isinstance(arg, str) else None)
     except Exception as exc:  # a broken pickle: keep what was read
