@@ -218,6 +218,24 @@ def test_a_host_s_measured_failures_feed_young_and_daly(api, token, project):
     assert answer["daly_interval_seconds"] is not None
 
 
+@override_settings(ANALYTICS_MTBF_MIN_FAILURES=2, ANALYTICS_MTBF_MIN_HOURS=1)
+def test_a_run_that_holds_no_gpu_on_a_measured_host_gets_no_host_mtbf(api, token, project):
+    """`gpus_per_rank: 0` (a CPU job, allowed in its config) on a host with enough failures:
+    the host's GPU-hours between failures say nothing about it, and its analytics answer."""
+    for i in range(2):
+        post(api, token, started_with(
+            attempt(f"f{i}", 0, 300, 3600, "run.failed", saves=[1800]), host="gpu1"))  # fmt: skip
+    post(api, token, started_with(
+        attempt("cpu", 0, 300, 7200, "run.finished", saves=[1800, 3600]), host="gpu1",
+        config={"gpus_per_rank": 0}))  # fmt: skip
+    goodput_store.refresh_all()
+
+    response = api.get(token, "/runs/cpu/analytics")
+
+    assert response.status_code == 200, response.content
+    assert response.json()["mtbf_basis"] != "host"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_cli_prints_the_project_view(server, api, token, project, tmp_path):
     two_trainings(api, token)

@@ -186,6 +186,10 @@ def host_mtbf(run) -> tuple[float, int, str, str] | None:
     measured = goodput_report.mtbf(sums["gpu_hours"] / 3600, sums["n_failures"])
     gpus = goodput.gpus_of(run)
     hours = measured.for_gpus(gpus)
+    if hours is None:
+        # A run that holds no GPU (`gpus_per_rank: 0`), or a host whose runs held none:
+        # GPU-hours between failures say nothing about it.
+        return None
     source = f"measured on host {run.host}: {measured.note}; for this run's {gpus} GPU"
     source += "s" if gpus != 1 else ""
     return hours * 3600, sums["n_failures"], source, "host"
@@ -258,10 +262,11 @@ def for_run(run, mtbf_seconds: float | None = None, now=None) -> RunAnalytics:
     if mtbf is None:
         notes.append(f"no interval is recommended: {source}")
     if mtbf and delta is not None:
+        daly = daly_interval(delta, mtbf)
         figures["young"] = young_interval(delta, mtbf)
-        figures["daly"] = daly_interval(delta, mtbf)
-        figures["loss_daly"] = expected_loss_per_failure(figures["daly"], delta, restore or 0.0)
-        figures["waste_daly"] = waste_fraction(figures["daly"], delta, mtbf, restore or 0.0)
+        figures["daly"] = daly
+        figures["loss_daly"] = expected_loss_per_failure(daly, delta, restore or 0.0)
+        figures["waste_daly"] = waste_fraction(daly, delta, mtbf, restore or 0.0)
         if interval:
             figures["loss_actual"] = expected_loss_per_failure(interval, delta, restore or 0.0)
             figures["waste_actual"] = waste_fraction(interval, delta, mtbf, restore or 0.0)
