@@ -22,12 +22,20 @@ $(STAMP): pyproject.toml setup.py client/pyproject.toml
 run: $(STAMP)
 	$(BIN)/python scripts/run_stack.py
 
+# In parallel processes (pytest-xdist): one more than the cores, at most 8, since a test
+# spends much of its time waiting for a server or worker process it started (TEST_JOBS=0:
+# one process). Each takes whole test modules (--dist loadscope), so that a module's
+# fixture (a trained checkpoint, a sharded save) is built once, the longest modules first
+# (tests/support/module_order.py).
+TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(len(os.sched_getaffinity(0)) + 1, 8))")
+XDIST := -n $(TEST_JOBS) --dist loadscope
+
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The tests that need no server, worker, object store, browser or Slurm (-m "not stack").
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -m "not stack" -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not stack" -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

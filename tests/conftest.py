@@ -9,12 +9,19 @@ import redis
 from tests.support.api_client import Api
 from tests.support.celery_workers import start_worker, stop_worker
 from tests.support.people import member
-from tests.support.servers import ROOT, S3Server
+from tests.support.servers import (
+    ROOT,
+    SHARED_S3_PID,
+    S3Server,
+    file_lock,
+    stop_process_group,
+)
 
 # Fixtures that test modules share beyond these, each module with its helpers (tests/support/).
 pytest_plugins = [
     "tests.support.browser",
     "tests.support.client_stack",
+    "tests.support.module_order",
     "tests.support.restore_levels",
     "tests.support.slurm",
     "tests.support.webhooks",
@@ -110,7 +117,10 @@ def worker_env(django_db_setup, redis_client) -> dict:
         DATABASE_URL=_database_url_for_subprocess(),
         DB_CONN_MAX_AGE="0",
         REDIS_URL=settings.REDIS_URL,
-        LIFEBOAT_VAR_DIR=str(ROOT / "var" / "test-worker"),
+        # One per parallel test process (pytest-xdist): its paths are named by database ids.
+        LIFEBOAT_VAR_DIR=str(
+            ROOT / "var" / f"test-worker-{os.environ.get('PYTEST_XDIST_WORKER', 'gw0')}"
+        ),
         # The tests' S3 servers and webhook receivers listen on 127.0.0.1, which the
         # outbound policy refuses unless the deployment allows it.
         LIFEBOAT_OUTBOUND_ALLOW="127.0.0.1",
@@ -128,10 +138,31 @@ def celery_worker(worker_env, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    server = S3Server(tmp_path_factory.mktemp("s3"))
+def s3_server(tmp_path_factory, worker_id):
+    if worker_id == "master":
+        server = S3Server(tmp_path_factory.mktemp("s3"))
+        yield server
+        server.stop()
+        return
+    # Parallel processes (pytest-xdist) share one object store, each with its own bucket:
+    # the first that needs one starts it, and the controller stops it (pytest_unconfigure).
+    shared = tmp_path_factory.getbasetemp().parent
+    with file_lock(shared / "s3.lock"):
+        (shared / "s3").mkdir(exist_ok=True)
+        server = S3Server(shared / "s3")
+        if server.process is not None:
+            (shared / SHARED_S3_PID).write_text(str(server.process.pid))
+            server.process = None  # not this process's to stop
     yield server
     server.stop()
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "workerinput") or not hasattr(config, "_tmp_path_factory"):
+        return
+    pid_file = config._tmp_path_factory.getbasetemp() / SHARED_S3_PID
+    if pid_file.exists():
+        stop_process_group(int(pid_file.read_text()))
 
 
 @pytest.fixture
@@ -230,6 +261,9 @@ STACK_FIXTURES = {
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "slurm_cluster" in getattr(item, "fixturenames", ()) or params.get("kind") == "slurm":
+            item.add_marker(pytest.mark.stack)  # a Slurm test is never a quick one
         slow = {"worker", "browser"} & {m.name for m in item.iter_markers()}
         if slow or STACK_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.stack)

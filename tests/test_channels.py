@@ -18,7 +18,7 @@ from django.utils import timezone
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from tests.support.dashboard import as_user, make_run
-from tests.support.servers import ROOT
+from tests.support.servers import ROOT, wait_for
 from tests.support.webhooks import REFUSED, standard_webhooks_ok
 from webapp.domain import channels
 from webapp.domain.channels import signing
@@ -259,7 +259,8 @@ def test_the_documented_receivers_accept_a_delivery_and_refuse_a_forgery(project
         channel = AlertChannel.objects.create(project=project, name="own", kind="json", target=url)
         documented["SECRET"] = channel.secret
         assert notify(channel, flip_for(project)).status == "sent"  # the receiver said 204
-        (alert,) = received
+        # The receiver answers 204 first and handles the alert after: wait for it.
+        (alert,) = wait_for(lambda: received, timeout=10)
         assert alert["type"] == "run.failed" and alert["data"]["project"] == "alpha"
 
         # A forgery: the body changed after signing. The documented receiver says 401,

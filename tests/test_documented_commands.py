@@ -27,10 +27,10 @@ from tests.support.documented_stack import (
     argv_of,
     documented,
     fenced_blocks,
-    free_block,
     run_documented,
     users_environment,
 )
+from tests.support.servers import free_block
 
 README = "README.md"
 

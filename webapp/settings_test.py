@@ -68,7 +68,27 @@ def _test_redis_url() -> str:
     return urlunsplit(parts._replace(path="/15"))
 
 
-os.environ["TEST_REDIS_URL"] = os.environ["REDIS_URL"] = _test_redis_url()
+def _xdist_index() -> int:
+    """Which of `make test`'s parallel processes (pytest-xdist) this is: 0 for gw0, and 0
+    for a run without xdist."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+
+
+def _own_database(url: str) -> str:
+    # Each parallel process gets a Redis database of its own (15, 14, ...), so that one's
+    # queues, flushes and Celery workers never meet another's.
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(base - _xdist_index()) % 16}"))
+
+
+os.environ["TEST_REDIS_URL"] = os.environ["REDIS_URL"] = _own_database(_test_redis_url())
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # And a var dir of its own: paths there are named by database ids (var/launch/resume-1),
+    # and every parallel process has its own database counting from 1.
+    _worker = os.environ["PYTEST_XDIST_WORKER"]
+    _checkout = Path(__file__).resolve().parent.parent
+    os.environ.setdefault("LIFEBOAT_VAR_DIR", str(_checkout / "var" / f"test-{_worker}"))
 
 from webapp.settings import *  # noqa: E402,F403
 from webapp.settings import DATABASES, VAR_DIR  # noqa: E402

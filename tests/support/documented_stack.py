@@ -13,12 +13,13 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from tests.support.servers import free_block
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the checkout's .venv/bin for the documented commands
@@ -84,28 +85,6 @@ def run_documented(command: str, var: Path, timeout: float = 120, **replace: str
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
-
-
-def free_block(size: int) -> int:
-    """The first of SIZE consecutive free ports on 127.0.0.1."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        if first + size > 60000:
-            continue
-        if all(_free(port) for port in range(first, first + size)):
-            return first
-    raise RuntimeError(f"no {size} consecutive free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 class Stack:

@@ -4,13 +4,19 @@ the small helpers they need (a free port, waiting for a condition, the checkout'
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import random
+import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,12 +31,80 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.1):
     raise AssertionError(f"condition not met within {timeout}s")
 
 
-def free_port() -> int:
-    import socket
+# Where a parallel test process (pytest-xdist) that started the shared SeaweedFS leaves
+# its pid, in the controller's temporary directory, for the controller to stop it at exit.
+SHARED_S3_PID = "s3.pid"
 
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """Held by one process at a time: what the parallel test processes start once."""
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def stop_process_group(pid: int, timeout: float = 20) -> None:
+    """SIGTERM to the group of PID (a server started in a session of its own), then
+    SIGKILL if it has not gone within TIMEOUT seconds."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+# Ports for the tests' servers come from below the kernel's ephemeral range (32768-60999 on
+# Linux), where no connect() or bind(("", 0)) of another process lands between the probe
+# and the server's own bind. Each test process draws from a range of its own, chosen by
+# its Redis database (webapp/settings_test.py gives every parallel process, and every
+# session run beside another, a database of its own), and hands out a port once while
+# others remain.
+_PORTS_PER_PROCESS = 750
+_handed_out: set[int] = set()
+
+
+def _own_range() -> range:
+    database = int(urlsplit(os.environ.get("TEST_REDIS_URL", "")).path.strip("/") or 0)
+    low = 20000 + (database % 16) * _PORTS_PER_PROCESS
+    return range(low, low + _PORTS_PER_PROCESS)
+
+
+def free_block(size: int) -> int:
+    """The first of SIZE consecutive free ports on 127.0.0.1."""
+    own = _own_range()
+    starts = list(range(own.start, own.stop - size, size))
+    offset = random.randrange(len(starts))  # noqa: S311 (not a secret: spreads the draws)
+    for fresh_only in (True, False):
+        for first in starts[offset:] + starts[:offset]:
+            block = range(first, first + size)
+            if fresh_only and not _handed_out.isdisjoint(block):
+                continue
+            if all(_free(port) for port in block):
+                _handed_out.update(block)
+                return first
+    raise RuntimeError(f"no {size} consecutive free ports in {own.start}-{own.stop - 1}")
+
+
+def free_port() -> int:
+    return free_block(1)
+
+
+def _free(port: int) -> bool:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        try:
+            probe.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 def gunicorn_control_socket_off() -> list[str]:
@@ -183,11 +257,6 @@ class S3Server:
         except Exception:  # noqa: S110 (best effort; the server may be gone)
             pass
         if self.process is not None:
-            import signal
-
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+            stop_process_group(self.process.pid)
+            self.process.wait()
             self.log.close()

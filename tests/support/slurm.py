@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from tests.support.servers import ROOT
+from tests.support.servers import ROOT, file_lock
 
 SCRIPT = ROOT / "scripts" / "slurm_single_node.sh"
 
@@ -38,8 +40,12 @@ def slurm_cluster() -> None:
         if IN_CI:
             pytest.fail(f"Slurm tests cannot run under CI: {problem}", pytrace=False)
         pytest.skip(f"SLURM TESTS NOT RUN: {problem}")
+    # One start at a time: the parallel test processes (pytest-xdist) each ask for it.
     try:
-        proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=600)
+        with file_lock(Path(tempfile.gettempdir()) / "lifeboat-slurm-start.lock"):
+            proc = subprocess.run(
+                ["bash", str(SCRIPT)], capture_output=True, text=True, timeout=600
+            )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{SCRIPT} did not finish within 600 s", pytrace=False)
     if proc.returncode != 0:
