@@ -204,9 +204,6 @@ def test_the_cycle_checker_sees_a_cycle(tmp_path):
     assert graph()["workers.celery"] >= {"webapp.domain.publish"}
 
 
-# Being rewritten on prometheus_client (a change under way in webapp/ops/): the imports
-# inside its functions are that change's to settle, and this list's to shrink.
-LOCAL_IMPORTS_UNDER_WAY = {"webapp/ops/metrics.py", "webapp/ops/logs.py"}
 _NOT_A_REASON = re.compile(
     r"noqa(:\s*[A-Z]+[0-9]+(,\s*[A-Z]+[0-9]+)*)?|type:\s*ignore\S*|fmt:\s*\w+"
 )
@@ -260,8 +257,7 @@ def test_an_import_inside_a_function_says_why():
         f"{rel}:{lineno}"
         for top in TOP
         for path in sorted((ROOT / top).rglob("*.py"))
-        if "migrations" not in path.parts
-        and (rel := str(path.relative_to(ROOT))) not in LOCAL_IMPORTS_UNDER_WAY
+        if "migrations" not in path.parts and (rel := str(path.relative_to(ROOT)))
         for lineno in unexplained_local_imports(path)
     }
     assert not missing, f"imports inside functions with no comment saying why: {sorted(missing)}"

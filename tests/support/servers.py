@@ -159,7 +159,16 @@ class WebServer:
                     raise RuntimeError(self.output()) from None
                 return False
 
-        wait_for(up, timeout=30, interval=0.2)
+        # Generous: under a parallel run's load a slow machine takes tens of seconds to
+        # import Django in each worker. A server that never came up is stopped, not left
+        # holding its test database, and its log says why.
+        try:
+            wait_for(up, timeout=120, interval=0.2)
+        except AssertionError:
+            self.stop()
+            raise AssertionError(
+                f"the web server did not answer within 120 s:\n{self.output()}"
+            ) from None
 
     def post_events(self, token: str, body) -> tuple[int, dict]:
         import urllib.error

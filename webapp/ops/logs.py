@@ -17,6 +17,9 @@ import logging
 import re
 from datetime import UTC, datetime
 
+from celery.signals import task_postrun, task_prerun
+from django.apps import apps
+
 _context: contextvars.ContextVar[dict | None] = contextvars.ContextVar("lifeboat_log", default=None)
 
 
@@ -96,8 +99,6 @@ _ID_OWNERS = {
 def task_fields(task, args, kwargs) -> dict:
     """The task's name and id, its `*_id` arguments, and the run and checkpoint they lead
     to (one indexed query)."""
-    from django.apps import apps
-
     fields = {"task": task.name}
     try:
         bound_args = inspect.signature(task.run).bind_partial(*(args or ()), **(kwargs or {}))
@@ -118,8 +119,6 @@ def task_fields(task, args, kwargs) -> dict:
 
 
 def connect_celery_signals() -> None:
-    from celery.signals import task_postrun, task_prerun
-
     tokens: dict[str, contextvars.Token] = {}
 
     @task_prerun.connect(weak=False)

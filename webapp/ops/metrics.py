@@ -27,6 +27,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from webapp.domain import repair
+from webapp.domain.health.goodput import CAUSES
+from webapp.domain.models import Checkpoint, Replica, Run, RunGoodput, StorageSnapshot, Validation
+from webapp.domain.replication.ledger import GB
 from webapp.ops import latency
 
 QUEUES = ("validate", "replicate", "restore", "launch", "gpu")
@@ -65,7 +69,6 @@ def collect() -> str:
 
 
 def _repairs() -> Iterator[Metric]:
-    from webapp.domain import repair
 
     family = CounterMetricFamily(
         "lifeboat_repairs_total",
@@ -82,7 +85,6 @@ def _repairs() -> Iterator[Metric]:
 
 
 def _checkpoints() -> Iterator[Metric]:
-    from webapp.domain.models import Checkpoint
 
     family = GaugeMetricFamily("lifeboat_checkpoints", "Checkpoints by status.", labels=["status"])
     for row in Checkpoint.objects.values("status").annotate(n=Count("pk")).order_by("status"):
@@ -110,7 +112,6 @@ def _queues() -> Iterator[Metric]:
 
 
 def _lags(now) -> Iterator[Metric]:
-    from webapp.domain.models import Checkpoint, Replica
 
     lags = (
         (
@@ -132,7 +133,6 @@ def _lags(now) -> Iterator[Metric]:
 
 
 def _run_ages(now) -> Iterator[Metric]:
-    from webapp.domain.models import Run
 
     family = GaugeMetricFamily(
         "lifeboat_run_last_checkpoint_age_seconds",
@@ -151,7 +151,6 @@ def _run_ages(now) -> Iterator[Metric]:
 
 
 def _restores() -> Iterator[Metric]:
-    from webapp.domain.models import Validation
 
     family = GaugeMetricFamily(
         "lifeboat_restore_seconds",
@@ -178,8 +177,6 @@ def _restores() -> Iterator[Metric]:
 def _goodput() -> Iterator[Metric]:
     """Each project's goodput from the rows the workers keep (health/goodput_store.py):
     a sum per project, whatever the number of runs behind it."""
-    from webapp.domain.health.goodput import CAUSES
-    from webapp.domain.models import RunGoodput
 
     names = ("wall_seconds", "productive_seconds", "gpu_seconds", "productive_gpu_seconds")
     rows = (
@@ -221,8 +218,6 @@ def _storage() -> Iterator[Metric]:
     """The storage ledger's newest history row of each target and of the local copies
     (webapp/domain/replication/ledger.py, written every STORAGE_LEDGER_S): one query,
     however many objects are stored."""
-    from webapp.domain.models import StorageSnapshot
-    from webapp.domain.replication.ledger import GB
 
     newest = (
         StorageSnapshot.objects.values("project_id", "target_id")
