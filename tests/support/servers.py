@@ -13,7 +13,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -108,7 +111,7 @@ def _free(port: int) -> bool:
 
 
 def gunicorn_control_socket_off() -> list[str]:
-    import gunicorn
+    import gunicorn  # read only where a test starts a web server
 
     # As scripts/run_stack.py: since 25.1 each gunicorn opens ~/.gunicorn/gunicorn.ctl.
     return ["--no-control-socket"] if gunicorn.version_info >= (25, 1) else []
@@ -125,8 +128,6 @@ class WebServer:
         self.env = {**env, "ALLOWED_HOSTS": "127.0.0.1,localhost", **overrides}
         # A file, not a pipe: nobody reads a pipe while the server runs, and once its
         # buffer is full (a warning per 4xx answer) every worker blocks on its next line.
-        import tempfile
-
         self.log = tempfile.TemporaryFile()  # noqa: SIM115  (closed with the object)
         self.process = subprocess.Popen(
             [
@@ -148,7 +149,6 @@ class WebServer:
             stdout=subprocess.DEVNULL,
             stderr=self.log,
         )
-        import urllib.request
 
         def up():
             try:
@@ -171,9 +171,6 @@ class WebServer:
             ) from None
 
     def post_events(self, token: str, body) -> tuple[int, dict]:
-        import urllib.error
-        import urllib.request
-
         request = urllib.request.Request(
             f"{self.url}/api/v1/events",
             data=json.dumps(body).encode(),
@@ -204,7 +201,7 @@ class S3Server:
     use a bucket of their own, removed at the end."""
 
     def __init__(self, tmp_dir: Path):
-        import boto3
+        import boto3  # boto3 loads only in the tests that use S3
         from botocore.config import Config
 
         self.process = None
