@@ -1,7 +1,7 @@
 """The server distribution's dependencies (pyproject.toml declares everything else).
 
 They live here, not in pyproject.toml, for one line: the client distribution at exactly
-this version, read from lifeboat/__init__.py, the one place the version is written. A
+this version, read from lifeboat/version.py, the one place the version is written. A
 static pin in pyproject.toml would be a second place to forget at a release.
 """
 
@@ -17,13 +17,13 @@ HERE = Path(__file__).resolve().parent
 
 def client_version() -> str:
     """lifeboat.__version__, read without importing the package."""
-    tree = ast.parse((HERE / "lifeboat" / "__init__.py").read_text())
+    tree = ast.parse((HERE / "lifeboat" / "version.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets
         ):
             return ast.literal_eval(node.value)
-    raise RuntimeError("lifeboat/__init__.py sets no __version__")
+    raise RuntimeError("lifeboat/version.py sets no __version__")
 
 
 SERVER = [

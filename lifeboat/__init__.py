@@ -10,11 +10,10 @@
     path = lifeboat.latest("my-run")             # the newest verified checkpoint, local
 """
 
-__version__ = "0.2.0"
-
-from lifeboat.config import Config, ConfigError  # noqa: E402
-from lifeboat.restore import LatestError, latest, latest_id  # noqa: E402
-from lifeboat.run import CheckpointReport, Run, current_run  # noqa: E402
+from lifeboat.config import Config, ConfigError
+from lifeboat.restore import LatestError, latest, latest_id
+from lifeboat.run import CheckpointReport, Run, current_run
+from lifeboat.version import __version__
 
 __all__ = [
     "CheckpointReport",
@@ -25,4 +24,5 @@ __all__ = [
     "current_run",
     "latest",
     "latest_id",
+    "__version__",
 ]

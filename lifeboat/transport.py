@@ -8,7 +8,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from lifeboat import __version__
+from lifeboat.version import __version__
 
 USER_AGENT = f"lifeboat-client/{__version__}"
 

@@ -215,12 +215,12 @@ def test_the_installed_client_reports_a_checkpoint_to_a_real_server(
 
 def test_the_server_wheel_depends_on_the_client_at_the_one_version(client_wheel, tmp_path):
     written = re.findall(
-        r"^__version__ = \"(.+)\"$", (ROOT / "lifeboat" / "__init__.py").read_text(), re.M
+        r"^__version__ = \"(.+)\"$", (ROOT / "lifeboat" / "version.py").read_text(), re.M
     )
     assert written == [lifeboat.__version__]
     source = copy_sources(
         tmp_path / "src",
-        ["pyproject.toml", "setup.py", "README.md", "lifeboat/__init__.py", "webapp", "workers"],
+        ["pyproject.toml", "setup.py", "README.md", "lifeboat/version.py", "webapp", "workers"],
     )
     wheel = build_wheel(source, tmp_path / "wheel")
     fields = metadata(wheel)

@@ -20,9 +20,6 @@ class TokenAuth(HttpBearer):
         return token_with_scope(token, self.scope)
 
 
-MISSING_TOKEN = "missing API token: send 'Authorization: Bearer <token>'"  # noqa: S105  (a message, not a secret)
-
-
 def bearer_secret(header: str | None) -> str | None:
     """The secret of an 'Authorization: Bearer <secret>' header, read as ninja's
     HttpBearer reads it; None when there is none."""

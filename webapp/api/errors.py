@@ -14,6 +14,8 @@ from webapp.api.params import NO_NUL
 
 log = logging.getLogger(__name__)
 
+MISSING_TOKEN = "missing API token: send 'Authorization: Bearer <token>'"  # noqa: S105  (a message, not a secret)
+
 
 class ErrorOut(Schema):
     """What every error answer holds; some add details (events: index and field)."""
@@ -44,8 +46,6 @@ def install_handlers(api) -> None:
 
     @api.exception_handler(AuthenticationError)
     def on_auth_error(request, exc):
-        from webapp.api.auth import MISSING_TOKEN  # cycle: webapp.api.auth imports this module
-
         return error_response(401, MISSING_TOKEN)
 
     @api.exception_handler(NinjaValidationError)

@@ -38,8 +38,8 @@ from a2wsgi import WSGIMiddleware
 from django.conf import settings
 from django.db import connections
 
-from webapp.api.auth import MISSING_TOKEN, bearer_secret, token_with_scope
-from webapp.api.errors import ApiError
+from webapp.api.auth import bearer_secret, token_with_scope
+from webapp.api.errors import MISSING_TOKEN, ApiError
 from webapp.api.events import (
     PATH,
     accept_events,

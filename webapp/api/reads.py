@@ -350,7 +350,7 @@ def run_goodput(request, key: RunKeyPath, mtbf_hours: MtbfHours = None):
     mtbf = mtbf_hours * 3600 if mtbf_hours is not None else None
     return {
         **measured.as_dict(run.project.gpu_hour_price),
-        "what_if": goodput.what_if(run, measured, mtbf),
+        "what_if": analytics.what_if(run, measured.wall_seconds, mtbf),
     }
 
 

@@ -38,7 +38,7 @@ def analytics_context(request, run) -> dict:
         "a": figures,
         "g": ledger,
         "g_causes": [(label, ledger["badput"][key]) for key, label in CAUSES],
-        "what_if": goodput.what_if(run, measured, figures=figures),
+        "what_if": analytics.what_if(run, measured.wall_seconds, figures=figures),
         "mtbf_hours": mtbf_hours,
         "interval_chart": charts.interval_chart(figures),
         "analytics_path": request.path,

@@ -10,6 +10,7 @@ from webapp.dashboard import (
     recovery_views,
     resume_views,
     retention_views,
+    run_views,
     settings_edit_views,
     settings_views,
     storage_audit_views,
@@ -180,5 +181,5 @@ urlpatterns = [
         name="badge-run",
     ),
     # Last: run keys may contain "/".
-    path("p/<slug:slug>/runs/<path:key>/", views.run_detail, name="run"),
+    path("p/<slug:slug>/runs/<path:key>/", run_views.run_detail, name="run"),
 ]

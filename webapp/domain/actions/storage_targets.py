@@ -23,7 +23,7 @@ from webapp.domain.actions.admin import (
 )
 from webapp.domain.models import StorageTarget
 from webapp.domain.replication import storage_access
-from webapp.domain.replication.namespace import normal_endpoint, normal_prefix
+from webapp.domain.replication.spelling import normal_endpoint, normal_prefix
 
 # What a change may touch, in the settings form's order (the audit message's order).
 FIELDS = (

@@ -29,14 +29,12 @@ from datetime import timedelta
 from typing import cast
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
 from lifeboat.units import format_seconds
-from webapp.domain import publish
+from webapp.domain.health.flips import record
 from webapp.domain.models import Checkpoint, Project, Run
-from webapp.domain.models.alerts import Flip
 from webapp.domain.models.runs import Health, RunStatus
 from webapp.domain.recovery import auto_resume, quarantine
 
@@ -53,36 +51,6 @@ __all__ = [
     "on_verdict",
     "record",
 ]
-
-
-def record(
-    kind: str, key: str, message: str, *, project_id, run_id=None, checkpoint_id=None, data=None
-):
-    """Insert the flip unless one with `key` exists; enqueue its processing after commit.
-    Returns the new Flip, or None if it was recorded before."""
-
-    try:
-        with transaction.atomic():
-            flip = Flip.objects.create(
-                project_id=project_id,
-                run_id=run_id,
-                checkpoint_id=checkpoint_id,
-                kind=kind,
-                key=key[:200],
-                message=message,
-                data=data or {},
-            )
-    except IntegrityError:
-        return None
-    transaction.on_commit(lambda: _enqueue_processing(flip.pk))
-    return flip
-
-
-def _enqueue_processing(flip_id: int) -> None:
-    try:
-        publish.send("workers.alerts.process_flip", (flip_id,))
-    except Exception:  # noqa: BLE001 (the beat sweep processes it within a minute)
-        log.warning("could not enqueue flip %s; the sweep will process it", flip_id)
 
 
 # -- runs ---------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from webapp.domain.health import goodput, goodput_report
 from webapp.domain.models import Checkpoint, Run, Validation
 
 RECENT = 1000
@@ -169,9 +170,6 @@ def host_mtbf(run) -> tuple[float, int, str, str] | None:
     the host has ANALYTICS_MTBF_MIN_FAILURES failures over ANALYTICS_MTBF_MIN_HOURS of
     running time: the host's GPU-hours between failures over the run's GPUs, since any of
     them failing stops the job. None when the host's history is too short."""
-    # Here, not at the top: goodput.what_if reads this module (a cycle at import).
-    from webapp.domain.health import goodput, goodput_report
-
     if not run.host:
         return None
     found = goodput_report.rows(run.project).filter(run__host=run.host)
@@ -312,3 +310,32 @@ def _restore_seconds(run) -> float | None:
         phases = [v for k, v in latest.items() if k.endswith("_s") and isinstance(v, int | float)]
         total = sum(phases) or None
     return total
+
+
+def what_if(
+    run, wall_seconds: float, mtbf_seconds: float | None = None, figures: RunAnalytics | None = None
+) -> dict:
+    """Beside the goodput measured over `wall_seconds` of the run's training (goodput.py),
+    what Daly's model expects at the interval the run uses and at Daly's interval, with
+    the same save time, MTBF and restart time: what changing the interval would buy. The
+    model counts saves, lost work and restarts only, so compare the difference, not the
+    levels."""
+
+    figures = figures or for_run(run, mtbf_seconds=mtbf_seconds)
+    now_waste, daly_waste = figures.waste_actual, figures.waste_daly
+    gain = None
+    if now_waste is not None and daly_waste is not None:
+        gain = (now_waste - daly_waste) * wall_seconds
+    return {
+        "mtbf_seconds": figures.mtbf_seconds,
+        "mtbf_basis": figures.mtbf_basis,
+        "mtbf_source": figures.mtbf_source,
+        "save_seconds": figures.save_seconds_median,
+        "restart_seconds": figures.restore_seconds,
+        "interval_seconds": figures.interval_seconds_actual,
+        "modelled_goodput": 1 - now_waste if now_waste is not None else None,
+        "daly_interval_seconds": figures.daly_interval_seconds,
+        "modelled_goodput_at_daly": 1 - daly_waste if daly_waste is not None else None,
+        "gain_seconds": gain,
+        "notes": figures.notes,
+    }

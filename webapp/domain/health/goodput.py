@@ -29,7 +29,6 @@ from datetime import datetime
 from django.conf import settings
 from django.utils import timezone
 
-from webapp.domain.health import analytics
 from webapp.domain.ingest.clock import believable_times
 from webapp.domain.models import Checkpoint, Event, Run
 from webapp.domain.recovery.auto_resume import lineage
@@ -55,10 +54,10 @@ class Attempt:
     key: str
     status: str
     gpus: int
+    start: datetime  # its run.started event, or the first event when none came before
     index: int = 0  # its place among the attempts of its run key (a requeue starts another)
     parent: tuple[int, int] | None = None  # (run_id, index) of the attempt it went on from
     from_step: int | None = None  # the parent's checkpoint step it was resumed from
-    start: datetime | None = None
     end: datetime | None = None  # its finished/failed/preempted event
     signs: list[tuple[datetime, int | None]] = field(default_factory=list)  # (time, step)
     # step -> (time, save_seconds): one per step, however many reports (parts, repeats)
@@ -148,7 +147,9 @@ def _idle_spans(
     no step was gained."""
     limit = settings.GOODPUT_IDLE_AFTER_S
     points = sorted((t, s) for t, s in attempt.signs if begin <= t <= end)
-    spans, last_time, best = [], begin, None
+    spans: list[tuple[datetime, datetime]] = []
+    last_time = begin
+    best: int | None = None
     for when, step in [*points, (end, None)]:
         gained = step is not None and (best is None or step > best)
         if _seconds(last_time, when) > limit and not gained:
@@ -212,9 +213,9 @@ def _kept_step(attempt: Attempt, children: list[Attempt]) -> int | None:
 
 
 def ledger(attempts: list[Attempt], now: datetime | None = None) -> Ledger:
-    """The family's ledger; attempts without a start are left out."""
+    """The family's ledger."""
     now = now or timezone.now()
-    attempts = sorted((a for a in attempts if a.start is not None), key=lambda a: a.start)
+    attempts = sorted(attempts, key=lambda a: a.start)
     out = Ledger()
     if not attempts:
         return out
@@ -222,7 +223,7 @@ def ledger(attempts: list[Attempt], now: datetime | None = None) -> Ledger:
     for attempt in attempts:
         if attempt.parent is not None:
             by_parent.setdefault(attempt.parent, []).append(attempt)
-    ends = {}
+    ends: dict[tuple[int, int], datetime] = {}
     for attempt in attempts:
         me = (attempt.run_id, attempt.index)
         row = attempt_ledger(attempt, _kept_step(attempt, by_parent.get(me, [])), now)
@@ -247,7 +248,7 @@ def ledger(attempts: list[Attempt], now: datetime | None = None) -> Ledger:
         out.failures += attempt.status == "failed"
         out.preemptions += attempt.status == "preempted"
     for attempt in attempts:
-        parent_end = ends.get(attempt.parent)
+        parent_end = ends.get(attempt.parent) if attempt.parent is not None else None
         if parent_end is not None and attempt.start > parent_end:
             gap = _seconds(parent_end, attempt.start)
             out.badput["restart"] += gap
@@ -346,10 +347,12 @@ def attempts_of(runs: list) -> list[Attempt]:
             if current is not None and current.end is None and not current.signs:
                 continue  # the same start again: the first counts
             attempt = Attempt(run_id, run.key, "running", gpus_of(run), index=len(mine), start=when)
-            found = resumed.get((data or {}).get("resumed_from"))
+            ref = (data or {}).get("resumed_from")
+            # An id, as the refs above are read (true is not checkpoint 1).
+            found = resumed.get(ref) if isinstance(ref, int) and not isinstance(ref, bool) else None
             if found is not None:
                 attempt.from_step = found[1]
-                parents = [a for a in attempts[found[0]] if a.start is not None and a.start <= when]
+                parents = [a for a in attempts[found[0]] if a.start <= when]
                 attempt.parent = (found[0], parents[-1].index) if parents else None
             if attempt.parent is None and current is not None:
                 attempt.parent = (run_id, current.index)
@@ -400,29 +403,3 @@ def _fold(attempt: Attempt, type_: str, step, when: datetime, data: dict) -> Non
 
 def for_run(run, now=None) -> Ledger:
     return ledger(attempts_of(family_of(run)), now)
-
-
-def what_if(run, measured: Ledger, mtbf_seconds: float | None = None, figures=None) -> dict:
-    """The measured goodput beside what Daly's model expects at the interval the run uses
-    and at Daly's interval, with the same save time, MTBF and restart time
-    (health/analytics.py): what changing the interval would buy. The model counts saves,
-    lost work and restarts only, so compare the difference, not the levels."""
-
-    figures = figures or analytics.for_run(run, mtbf_seconds=mtbf_seconds)
-    now_waste, daly_waste = figures.waste_actual, figures.waste_daly
-    gain = None
-    if now_waste is not None and daly_waste is not None:
-        gain = (now_waste - daly_waste) * measured.wall_seconds
-    return {
-        "mtbf_seconds": figures.mtbf_seconds,
-        "mtbf_basis": figures.mtbf_basis,
-        "mtbf_source": figures.mtbf_source,
-        "save_seconds": figures.save_seconds_median,
-        "restart_seconds": figures.restore_seconds,
-        "interval_seconds": figures.interval_seconds_actual,
-        "modelled_goodput": 1 - now_waste if now_waste is not None else None,
-        "daly_interval_seconds": figures.daly_interval_seconds,
-        "modelled_goodput_at_daly": 1 - daly_waste if daly_waste is not None else None,
-        "gain_seconds": gain,
-        "notes": figures.notes,
-    }

@@ -18,6 +18,8 @@ from django.db.models import Case, F, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from webapp.domain.run_states import ENDED, Health, SecondsBetween
+
 # The grace period, as a fraction of the expected interval (a save is rarely punctual).
 HEALTH_GRACE = 0.5
 
@@ -37,9 +39,6 @@ def annotate(queryset, now=None):
     Adds `last_checkpoint_at` itself unless the queryset has it already: from RunStats,
     which triggers keep (webapp/domain/models/runs.py), so that filtering 10,000 runs by
     health reads no checkpoint."""
-    # cycle: webapp.domain.models imports this module via webapp.domain.models.runs
-    from webapp.domain.models.runs import ENDED, Health, SecondsBetween
-
     now = now or timezone.now()
     if "last_checkpoint_at" not in queryset.query.annotations:
         queryset = queryset.annotate(last_checkpoint_at=F("stats__last_checkpoint_at"))
@@ -69,9 +68,6 @@ def watched(queryset):
     same rule as annotate()'s first two cases, said as plain conditions, so that a filter
     on one of those healths skips the other runs before the health of each is computed
     (the project page filtered to overdue runs, bench/pages.py)."""
-    # cycle: webapp.domain.models imports this module via webapp.domain.models.runs
-    from webapp.domain.models.runs import ENDED
-
     return queryset.exclude(status__in=ENDED).filter(expected_interval_s__gt=0)
 
 
@@ -105,10 +101,8 @@ def of(run, now=None) -> RunHealth:
     elif now is None and getattr(run, "_run_health", None) is not None:
         return run._run_health  # asked again for the same row in the same answer
     else:
-        # cycle: webapp.domain.models imports this module via webapp.domain.models.runs
-        from webapp.domain.models import Run
-
-        row = annotate(Run.objects.filter(pk=run.pk), now).values(
+        # The run's own model: this module sits below webapp.domain.models.
+        row = annotate(type(run).objects.filter(pk=run.pk), now).values(
             "health", "health_since", "expected_interval_s"
         )
         row = row.first() or {}

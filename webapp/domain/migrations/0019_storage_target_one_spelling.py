@@ -5,7 +5,7 @@ from django.db import migrations
 
 
 def normalise(apps, schema_editor):
-    from webapp.domain.replication.namespace import normal_endpoint, normal_prefix
+    from webapp.domain.replication.spelling import normal_endpoint, normal_prefix
 
     StorageTarget = apps.get_model("domain", "StorageTarget")
     for target in StorageTarget.objects.all():

@@ -16,6 +16,7 @@ from django.utils import timezone
 from webapp.domain.launch.job_env import refusal
 from webapp.domain.launch.template import TemplateRefused, check
 from webapp.domain.locks import for_update
+from webapp.domain.replication.spelling import normal_endpoint, normal_prefix
 
 TOKEN_PREFIX = "lb_"  # noqa: S105 (a prefix, not a secret)
 
@@ -354,9 +355,6 @@ class StorageTarget(models.Model):
     def save(self, *args, **kwargs):
         """Saved in one spelling, so that two targets naming one place look alike
         (webapp/domain/replication/namespace.py compares them by place either way)."""
-        # cycle: webapp.domain.replication.namespace imports this module via webapp.domain.models
-        from webapp.domain.replication.namespace import normal_endpoint, normal_prefix
-
         self.prefix = normal_prefix(self.prefix)
         self.endpoint_url = normal_endpoint(self.endpoint_url)
         self.bucket = (self.bucket or "").strip()

@@ -266,11 +266,10 @@ class Resume(models.Model):
         time of the new run's first metrics point (what bench/resume.py measures)."""
         if self.new_run_id is None:
             return None
-        # cycle: webapp.domain.models imports this module
-        from webapp.domain.models import MetricPoint
-
+        # By name from the app registry: checkpoints.py, which holds it, imports this module.
+        metric_point = self._meta.apps.get_model("domain", "MetricPoint")
         first = (
-            MetricPoint.objects.filter(run_id=self.new_run_id)
+            metric_point.objects.filter(run_id=self.new_run_id)
             .order_by("time")
             .values_list("time", flat=True)
             .first()

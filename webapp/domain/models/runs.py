@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from django.db import connection, models
-from django.db.models import F, Func, OuterRef, Subquery, Value
+from django.db.models import F, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -13,48 +13,7 @@ from webapp.domain.health import run_health
 from webapp.domain.health.run_health import HEALTH_GRACE  # noqa: F401 (re-exported)
 from webapp.domain.models.checkpoints import Checkpoint, CheckpointStatus, resumable_q
 from webapp.domain.models.recovery import Replica, ReplicaStatus
-
-
-class RunStatus(models.TextChoices):
-    RUNNING = "running", "Running"
-    FINISHED = "finished", "Finished"
-    FAILED = "failed", "Failed"
-    # Stopped by its scheduler (run.preempted): not a failure (docs/restore.md).
-    PREEMPTED = "preempted", "Preempted"
-
-
-ENDED = (RunStatus.FINISHED, RunStatus.FAILED, RunStatus.PREEMPTED)
-
-
-class Health(models.TextChoices):
-    """How a run's checkpoints keep time, as healthchecks shows checks: up within its
-    expected interval, late within the interval plus a grace period, overdue beyond."""
-
-    UP = "up", "Up"
-    LATE = "late", "Late"
-    OVERDUE = "overdue", "Overdue"
-    UNKNOWN = "unknown", "No interval"  # the run never said how often it checkpoints
-    ENDED = "ended", "Ended"  # finished or failed: nothing more is expected
-
-
-class SecondsBetween(Func):
-    """Seconds from `start` to `end` (two datetimes), as a float, in SQL."""
-
-    output_field = models.FloatField()
-    arity = 2
-
-    def as_sql(self, compiler, connection, **extra):
-        # PostgreSQL (and anything that speaks EXTRACT EPOCH).
-        return super().as_sql(
-            compiler, connection, template="EXTRACT(EPOCH FROM (%(expressions)s))",
-            arg_joiner=" - ", **extra,
-        )  # fmt: skip
-
-    def as_sqlite(self, compiler, connection, **extra):
-        return super().as_sql(
-            compiler, connection, template="((julianday(%(expressions)s)) * 86400.0)",
-            arg_joiner=") - julianday(", **extra,
-        )  # fmt: skip
+from webapp.domain.run_states import ENDED, Health, RunStatus, SecondsBetween  # noqa: F401 (re-exported)
 
 
 class RunQuerySet(models.QuerySet):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
+from webapp.domain.health import flips
 from webapp.domain.launch import auto_limits
 from webapp.domain.locks import for_update
 from webapp.domain.models import Checkpoint, Event, Project, Resume
@@ -94,13 +95,10 @@ def maybe_auto_resume(run, reason: str):
 def _stop_loop(run, chain, why: str) -> None:
     """Automatic resume stops for this lineage: recorded on the run, and one alert for
     the run whose failure showed the loop (no attempt follows it, so none repeats it)."""
-    # cycle: webapp.domain.health.alerts imports this module
-    from webapp.domain.health import alerts
-
     message = f"Not resuming {run.key} automatically: a restart loop, {why}."
     Event.record("resume.skipped", run=run, actor="system", message=message)
     root = chain[-1]
-    alerts.record(
+    flips.record(
         "run.restart_loop",
         f"run.restart_loop:{run.pk}",
         f"Automatic resumes of {root.key} stopped: {why}. Resume by hand once the cause is fixed.",

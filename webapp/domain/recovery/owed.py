@@ -1,7 +1,7 @@
 """Restore tests and resumes owed and nobody doing them (the sweeper:
 webapp/domain/repair.py).
 
-* A restore test queued before repair.lost_before() (its message was lost), or running
+* A restore test queued before owed_work.lost_before() (its message was lost), or running
   past the longest a test may take (its worker died): sent again; restore_test.claim
   takes a running one over only once that time has passed.
 * A resume `requested` and never launched (its message was lost): sent again;
@@ -21,7 +21,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db.models import Q
 
-from webapp.domain import repair
+from webapp.domain import owed_work
 from webapp.domain.launch import job_token
 from webapp.domain.models import Event, Resume, Validation
 from webapp.domain.models.recovery import ResumeStatus, ValidationKind, ValidationStatus
@@ -29,8 +29,8 @@ from webapp.domain.recovery import restore_test
 from webapp.domain.recovery import resume as resumes
 
 
-def resend_restore_tests(now, limit: int) -> list[repair.Owed]:
-    lost = repair.lost_before(now, ["restore", "gpu"])
+def resend_restore_tests(now, limit: int) -> list[owed_work.Owed]:
+    lost = owed_work.lost_before(now, ["restore", "gpu"])
     dead = now - timedelta(seconds=settings.VALIDATION_TIMEOUT_S + 600)
     rows = (
         Validation.objects.filter(kind=ValidationKind.RESTORE)
@@ -47,7 +47,7 @@ def resend_restore_tests(now, limit: int) -> list[repair.Owed]:
         restore_test.enqueue(pk)
         why = "its message was lost" if status == ValidationStatus.QUEUED else "its worker stopped"
         owed.append(
-            repair.Owed(
+            owed_work.Owed(
                 "restore",
                 project,
                 f"the restore test of step {step}: {why}; sent again",
@@ -62,12 +62,12 @@ def follow_lapsed_before(now):
     return now - timedelta(seconds=max(5 * settings.LAUNCH_FOLLOW_S, 60))
 
 
-def resend_resumes(now, limit: int) -> list[repair.Owed]:
+def resend_resumes(now, limit: int) -> list[owed_work.Owed]:
     owed = []
     requested = Resume.objects.filter(status=ResumeStatus.REQUESTED).select_related("profile")
     for resume in requested.order_by("pk")[:limit]:
         queue = resumes.queue_for(resume.profile) if resume.profile else "launch"
-        if resume.created_at >= repair.lost_before(now, queue):
+        if resume.created_at >= owed_work.lost_before(now, queue):
             continue
         resumes.enqueue_launch(resume.pk, queue)
         owed.append(_owed(resume, "was never launched (its message was lost): sent again"))
@@ -88,7 +88,7 @@ def resend_resumes(now, limit: int) -> list[repair.Owed]:
 
     stuck = Resume.objects.filter(
         Q(status=ResumeStatus.RESTORING) | Q(status=ResumeStatus.LAUNCHING, external_id=""),
-        updated_at__lt=repair.stuck_before(now),
+        updated_at__lt=owed_work.stuck_before(now),
     ).select_related("checkpoint")
     for resume in stuck.order_by("pk")[:limit]:
         was = resume.status
@@ -109,8 +109,8 @@ def resend_resumes(now, limit: int) -> list[repair.Owed]:
     return owed
 
 
-def _owed(resume, what: str) -> repair.Owed:
-    return repair.Owed(
+def _owed(resume, what: str) -> owed_work.Owed:
+    return owed_work.Owed(
         "launch",
         resume.project_id,
         f"resume {resume.pk} {what}",

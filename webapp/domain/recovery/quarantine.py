@@ -28,6 +28,7 @@ import re
 from django.db import transaction
 from django.utils import timezone
 
+from webapp.domain.health import flips
 from webapp.domain.locks import for_update
 from webapp.domain.models import Checkpoint, Event, MetricPoint, Resume, Run
 from webapp.domain.models.runs import RunStatus
@@ -109,9 +110,6 @@ def note_failed_run(run) -> bool:
 def quarantine(checkpoint, reason: str, actor: str = "system") -> bool:
     """Set the checkpoint aside with `reason`, recorded and alerted once. False when it
     was already quarantined."""
-    # cycle: webapp.domain.health.alerts imports this module
-    from webapp.domain.health import alerts
-
     with transaction.atomic():
         locked = for_update(Checkpoint.objects).select_related("run").get(pk=checkpoint.pk)
         if locked.quarantined_at is not None:
@@ -126,7 +124,7 @@ def quarantine(checkpoint, reason: str, actor: str = "system") -> bool:
         Event.record(
             "checkpoint.quarantined", checkpoint=locked, actor=actor, message=message[:4000]
         )
-        alerts.record(
+        flips.record(
             "checkpoint.quarantined",
             f"checkpoint.quarantined:{locked.pk}:{locked.quarantined_at.isoformat()}",
             message[:2000],

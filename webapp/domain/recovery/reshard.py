@@ -22,7 +22,7 @@ from lifeboat.parts import dcp_world_size
 from webapp.domain.child_payloads import ReshardRequest, ReshardResult
 from webapp.domain.models import SavedChunks, Validation
 from webapp.domain.models.recovery import ReplicaStatus
-from webapp.domain.recovery.resume import ResumeError
+from webapp.domain.recovery.errors import ResumeError
 from webapp.domain.replication.restore import RestoreError, restore_replica
 from webapp.domain.validation.sandbox import run_fresh_child
 

@@ -48,14 +48,13 @@ from webapp.domain.launch.redact import redact
 from webapp.domain.launch.template import NAMES, PLACEHOLDER  # noqa: F401 (re-exported)
 from webapp.domain.models import Event, Resume, Run
 from webapp.domain.models.recovery import ReplicaStatus, ResumeStatus
+from webapp.domain.recovery import reshard
+from webapp.domain.recovery.errors import ResumeError
+from webapp.domain.recovery.reshard import saved_world_size
 from webapp.domain.replication.restore import RestoreError, restore_replica
 from webapp.domain.validation.integrity import FileSpec, check_local
 
 FINAL = ("succeeded", "failed", "cancelled")
-
-
-class ResumeError(Exception):
-    """The resume cannot go on; the message says why, for the person who asked."""
 
 
 def check_template(template: str) -> None:
@@ -79,9 +78,6 @@ def template_values(checkpoint, resume_id, world_size: int | None = None) -> dic
     """What the placeholders stand for. `resume_id` is the Resume's id, or a stand-in
     ("N") for the confirmation a person reads before it exists; `world_size` the one the
     job is launched on (the checkpoint's own when None; '' when nobody knows it)."""
-    # cycle: webapp.domain.recovery.reshard imports this module
-    from webapp.domain.recovery.reshard import saved_world_size
-
     location = checkpoint.location.rstrip("/")
     single = (
         checkpoint.file_count == 1
@@ -118,9 +114,6 @@ def request(
     """Create the Resume and queue its launch after commit. Call inside a transaction.
     `world_size`: launch on that many ranks ({{world_size}} in the profile's command);
     the checkpoint is loaded on it before the job starts when it is not its own."""
-    # cycle: webapp.domain.recovery.reshard imports this module
-    from webapp.domain.recovery import reshard
-
     refusal = checkpoint.resume_refusal()  # the one rule (models/checkpoints.resumable_q)
     if refusal:
         raise ResumeError(refusal)

@@ -3,7 +3,7 @@
 * resend: a replica `uploading` whose lease lapsed (its worker died: the lease is
   renewed with every progress write, about once a second); one `pending` whose retry
   was due long ago (the retry's message was lost); one `pending` never taken, sent
-  before repair.lost_before().
+  before owed_work.lost_before().
 * request_missing: a checkpoint verified lately (since its target was made, within
   SWEEP_REPLICA_LOOKBACK_S) with no replica row on an enabled target whose policy asks
   for it. Validation creates the rows in the transaction that records the verdict, so
@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
-from webapp.domain import repair
+from webapp.domain import owed_work
 from webapp.domain.locks import for_update
 from webapp.domain.models import Checkpoint, Replica, StorageTarget
 from webapp.domain.models.checkpoints import CheckpointStatus
@@ -28,9 +28,9 @@ from webapp.domain.replication import policy
 QUEUE = "replicate"
 
 
-def resend(now, limit: int) -> list[repair.Owed]:
+def resend(now, limit: int) -> list[owed_work.Owed]:
     margin = timedelta(seconds=min(60, settings.REPLICATION_LEASE_S))
-    lost = repair.lost_before(now, QUEUE)
+    lost = owed_work.lost_before(now, QUEUE)
     # Served by the partial index replica_unsettled. Uploading: its worker renews the
     # lease about once a second. Pending with a worker: a retry, due at lease_until.
     # Pending without one: never taken, or handed back by an earlier sweep (whose lease
@@ -42,7 +42,7 @@ def resend(now, limit: int) -> list[repair.Owed]:
             | Q(
                 status=ReplicaStatus.PENDING,
                 worker="",
-                lease_until__lt=repair.handed_back_before(now, QUEUE),
+                lease_until__lt=owed_work.handed_back_before(now, QUEUE),
             )
             | Q(status=ReplicaStatus.PENDING, lease_until__isnull=True, created_at__lt=lost)
         )
@@ -65,7 +65,7 @@ def resend(now, limit: int) -> list[repair.Owed]:
         }
         why = reasons[status]
         owed.append(
-            repair.Owed(
+            owed_work.Owed(
                 "replicate",
                 project,
                 f"the copy of step {step} to {target}: {why}; sent again",
@@ -84,7 +84,7 @@ def resend(now, limit: int) -> list[repair.Owed]:
     return owed
 
 
-def request_missing(now, limit: int) -> list[repair.Owed]:
+def request_missing(now, limit: int) -> list[owed_work.Owed]:
     margin = timedelta(seconds=min(60, settings.REPLICATION_LEASE_S))
     since = now - timedelta(seconds=settings.SWEEP_REPLICA_LOOKBACK_S)
     owed = []
@@ -111,7 +111,7 @@ def request_missing(now, limit: int) -> list[repair.Owed]:
                 if checkpoint is None or not policy.request(checkpoint, [target]):
                     continue
             owed.append(
-                repair.Owed(
+                owed_work.Owed(
                     "replicate",
                     target.project_id,
                     f"step {checkpoint.step} was verified without the copy to {target.name} "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db.models import Q
 
-from webapp.domain import publish, repair
+from webapp.domain import owed_work, publish
 from webapp.domain.models import Checkpoint, Replica
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ReplicaStatus
@@ -18,8 +18,8 @@ from webapp.domain.models.recovery import ReplicaStatus
 TASK = "workers.retention.finish_interrupted"
 
 
-def resend(now, limit: int) -> list[repair.Owed]:
-    before = repair.stuck_before(now)
+def resend(now, limit: int) -> list[owed_work.Owed]:
+    before = owed_work.stuck_before(now)
     local = Checkpoint.objects.filter(status=CheckpointStatus.DELETING, updated_at__lt=before)
     remote = Replica.objects.filter(status=ReplicaStatus.DELETED, deleted_at__isnull=True).filter(
         Q(lease_until__isnull=True) | Q(lease_until__lt=now)
@@ -34,7 +34,7 @@ def resend(now, limit: int) -> list[repair.Owed]:
     for project_id, n in sorted(counts.items()):
         publish.send(TASK, (project_id, before.isoformat()))
         owed.append(
-            repair.Owed(
+            owed_work.Owed(
                 "retention",
                 project_id,
                 f"{n} deletion{'s' if n > 1 else ''} left half done by a worker that stopped: "

@@ -3,7 +3,7 @@
 * A checkpoint never put on the queue (the publish failed: validation_enqueued_at is
   NULL), once SWEEP_LOST_AFTER_S has passed since it changed.
 * One put on the queue whose message was lost: not settled, sent before
-  repair.lost_before(), and no worker holds a live lease on its check.
+  owed_work.lost_before(), and no worker holds a live lease on its check.
 * A check whose worker died (its lease lapsed), a re-validation of a settled checkpoint
   included: sent again, and the task takes the running row over (checking.claim).
 """
@@ -16,7 +16,7 @@ from typing import cast
 from django.conf import settings
 from django.db.models import Exists, OuterRef, Q
 
-from webapp.domain import publish, repair
+from webapp.domain import owed_work, publish
 from webapp.domain.models import Checkpoint, Validation, ValidationPart
 from webapp.domain.models.checkpoints import UNSETTLED
 from webapp.domain.models.recovery import ValidationKind, ValidationStatus
@@ -25,9 +25,9 @@ from webapp.domain.validation.publish import VALIDATE, enqueue_validations
 QUEUE = "validate"
 
 
-def resend(now, limit: int) -> list[repair.Owed]:
+def resend(now, limit: int) -> list[owed_work.Owed]:
     grace = now - timedelta(seconds=settings.SWEEP_LOST_AFTER_S)
-    lost = repair.lost_before(now, QUEUE)
+    lost = owed_work.lost_before(now, QUEUE)
     live = Validation.objects.filter(
         checkpoint=OuterRef("pk"),
         kind=ValidationKind.INTEGRITY,
@@ -46,7 +46,7 @@ def resend(now, limit: int) -> list[repair.Owed]:
         .values_list("pk", "project_id", "run_id", "step", "validation_enqueued_at")[:limit]
     )
     owed = [
-        repair.Owed(
+        owed_work.Owed(
             "validate",
             project,
             f"the check of step {step} was "
@@ -63,9 +63,9 @@ def resend(now, limit: int) -> list[repair.Owed]:
     # still wait on the queue, its lapse means nothing yet. And a re-validation whose
     # message was lost before any worker took it.
     # One the sweeper handed back to the queue (no worker) is lost again only as a
-    # message is (repair.handed_back_before).
+    # message is (owed_work.handed_back_before).
     parts = ValidationPart.objects.filter(validation=OuterRef("pk"))
-    handed_back = Q(worker="", lease_until__lt=repair.handed_back_before(now, QUEUE))
+    handed_back = Q(worker="", lease_until__lt=owed_work.handed_back_before(now, QUEUE))
     held = ~Q(worker="") & (
         (
             ~Q(Exists(parts))
@@ -94,7 +94,7 @@ def resend(now, limit: int) -> list[repair.Owed]:
     revalidations = []
     for pk, project, run, step, status, requested_by in dead:
         owed.append(
-            repair.Owed(
+            owed_work.Owed(
                 "validate",
                 project,
                 f"the check of step {step} had no live worker (a worker died, or its "
