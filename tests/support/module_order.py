@@ -2,10 +2,13 @@
 first. Each process takes whole modules (`--dist loadscope`), so a long module taken last
 leaves the other processes idle at the end; longest-first keeps that tail short.
 
-How long a module takes comes from tests/module_seconds.json, written by a run with
-`--store-durations` (`make test PYTEST_ARGS=--store-durations`, the pattern of
-pytest-split's `.test_durations`); a module it does not name yet counts a second a test.
-A stale file only makes the run a little longer: nothing depends on the order.
+How long a module takes is the sum of the seconds of its tests that were selected, from
+tests/test_seconds.json, written by a run with `--store-durations` (`make test
+PYTEST_ARGS=--store-durations`, the pattern of pytest-split's `.test_durations`); a test
+it does not name yet counts a second. Per test, not per module, because `make
+test-quick` leaves a module's stack tests out: a module long in the whole suite can be
+short there. A stale file only makes the run a little longer: nothing depends on the
+order.
 Loaded by tests/conftest.py (pytest_plugins)."""
 
 from __future__ import annotations
@@ -17,14 +20,14 @@ import pytest
 
 from tests.support.servers import ROOT
 
-DURATIONS = ROOT / "tests" / "module_seconds.json"
+DURATIONS = ROOT / "tests" / "test_seconds.json"
 
 
 def pytest_addoption(parser):
     parser.addoption(
         "--store-durations",
         action="store_true",
-        help=f"write each module's seconds to {DURATIONS.relative_to(ROOT)} at the end",
+        help=f"write each test's seconds to {DURATIONS.relative_to(ROOT)} at the end",
     )
 
 
@@ -35,8 +38,9 @@ def module_of(nodeid: str) -> str:
 @pytest.hookimpl(trylast=True)  # after the markers and -m have settled the items
 def pytest_collection_modifyitems(config, items):
     known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    tests = Counter(module_of(item.nodeid) for item in items)
-    seconds = {module: known.get(module, float(count)) for module, count in tests.items()}
+    seconds: Counter[str] = Counter()
+    for item in items:
+        seconds[module_of(item.nodeid)] += known.get(item.nodeid, 1.0)
     # A stable sort: a module's tests keep their order, and so do modules of equal weight.
     items.sort(key=lambda item: -seconds[module_of(item.nodeid)])
 
@@ -46,7 +50,7 @@ class _Stopwatch:
         self.seconds: Counter[str] = Counter()
 
     def pytest_runtest_logreport(self, report):
-        self.seconds[module_of(report.nodeid)] += report.duration
+        self.seconds[report.nodeid] += report.duration  # setup, call and teardown
 
     def pytest_sessionfinish(self, session):
         if hasattr(session.config, "workerinput"):
