@@ -22,6 +22,7 @@ import pytest
 
 import lifeboat
 from tests.support.servers import ROOT
+from webapp.domain.models import Checkpoint
 
 CLIENT = "lifeboat-ckpt-client"
 SERVER = "lifeboat-ckpt-server"
@@ -182,8 +183,6 @@ def test_a_fresh_venv_holds_only_the_client_and_not_django(client_venv):
 def test_the_installed_client_reports_a_checkpoint_to_a_real_server(
     client_venv, server, token, project, tmp_path
 ):
-    from webapp.domain.models import Checkpoint
-
     root = tmp_path / "ckpts"
     root.mkdir()
     project.allowed_roots = [str(root)]

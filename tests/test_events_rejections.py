@@ -153,6 +153,16 @@ def test_it_rejects_numbers_beyond_what_the_database_holds(api, token, body, mes
     assert_nothing_stored()
 
 
+@pytest.mark.parametrize("value", [True, False, 1.5, [1], {"id": 1}])
+def test_a_resumed_from_that_is_neither_an_id_nor_a_name_is_refused(api, token, value):
+    # true would otherwise read as checkpoint 1 (bool is an int in Python): a job could
+    # name a checkpoint it never saw, and the goodput ledger would join it to that family.
+    response = api.post_events(token, event("run.started", resumed_from=value))
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"].startswith("events[0].resumed_from"), response.json()
+    assert_nothing_stored()
+
+
 def test_the_largest_numbers_allowed_are_accepted_and_stored(api, token):
     # The bounds of event_schema.py (tests/test_event_bounds.py has each edge), all within
     # what the columns hold.

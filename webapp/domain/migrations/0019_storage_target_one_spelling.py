@@ -1,10 +1,11 @@
 """Storage targets saved before StorageTarget.save normalised them: the same place in
-one spelling (webapp/domain/replication/namespace.py)."""
+one spelling (webapp/domain/replication/spelling.py)."""
 
 from django.db import migrations
 
 
 def normalise(apps, schema_editor):
+    # Here, not at the top: every `migrate` loads this module; only this step needs it.
     from webapp.domain.replication.spelling import normal_endpoint, normal_prefix
 
     StorageTarget = apps.get_model("domain", "StorageTarget")
