@@ -19,6 +19,12 @@ $(STAMP): pyproject.toml setup.py client/pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ./client -e '.[dev]'
 	touch $(STAMP)
 
+# Bytecode caches on, even where the environment turns them off: the tests start hundreds
+# of Python processes (test processes, workers, inspection children), and without the cache
+# each compiles the same modules again; this halves a test process's start (7.2 s to 3.6 s).
+# Python reads an empty PYTHONDONTWRITEBYTECODE as unset.
+export PYTHONDONTWRITEBYTECODE :=
+
 run: $(STAMP)
 	$(BIN)/python scripts/run_stack.py
 
