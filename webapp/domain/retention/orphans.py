@@ -25,14 +25,13 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Q
 from django.utils import timezone
 
 from webapp.domain.health import alerts
 from webapp.domain.models import Event, Replica, StorageAudit, StorageTarget
 from webapp.domain.models.recovery import ReplicaStatus
 from webapp.domain.models.storage_audit import AuditStatus
-from webapp.domain.replication import policy, targets
+from webapp.domain.replication import targets
 from webapp.domain.retention import replica_objects
 
 log = logging.getLogger(__name__)
@@ -185,7 +184,6 @@ def clean(row: StorageAudit, actor: str) -> dict:
         raise CleanRefused("this audit is being cleaned already")
     cutoff = row.started_at - timedelta(seconds=settings.STORAGE_AUDIT_GRACE_S)
     client = targets.client_for(target)
-    since = timezone.now()
     keys, known_uploads = accounted(target)
     doomed = [
         item for item in _listing(client, target)
@@ -204,7 +202,9 @@ def clean(row: StorageAudit, actor: str) -> dict:
             Bucket=target.bucket, Key=upload["key"], UploadId=upload["upload_id"]
         )
         aborted += 1
-    resent = _resend_claimed_meanwhile(target, set(gone), since)
+    resent = replica_objects.reopen_copies_that_lost(
+        target, set(gone), f"as orphans by the cleanup of storage audit {row.pk}", actor
+    )
     freed = sum(item["Size"] for item in doomed) - sum(item["bytes"] for item in left)
     counts = {
         "objects": len(doomed) - len(left),
@@ -230,29 +230,6 @@ def clean(row: StorageAudit, actor: str) -> dict:
         data={"scope": "storage", "target": target.name, "audit": row.pk, **counts},
     )
     return counts
-
-
-def _resend_claimed_meanwhile(target, gone: set[str], since) -> int:
-    """A replica claimed while the cleanup ran may have found one of these objects on the
-    store (content-addressed: not sent again) just before it went: send it again."""
-
-    if not gone:
-        return 0
-    margin = since - timedelta(seconds=5)
-    touched = [
-        pk
-        for pk, files in _live_replicas(target)
-        .filter(Q(started_at__gte=margin) | Q(created_at__gte=margin))
-        .exclude(status=ReplicaStatus.DELETED)
-        .values_list("pk", "files")
-        if any(isinstance(e, dict) and e.get("key") in gone for e in files or [])
-    ]
-    if touched:
-        Replica.objects.filter(pk__in=touched).update(
-            status=ReplicaStatus.PENDING, verified_at=None, lease_until=None, worker=""
-        )
-        policy.enqueue(touched)
-    return len(touched)
 
 
 def findings(project, limit: int = 20) -> dict:

@@ -14,6 +14,12 @@ in the meantime makes the next proof pass).
 
 Lifeboat does not delete noncurrent versions itself: a team that turned versioning on
 wants them kept from everyone, and the alert says what to change.
+
+Objects are shared by content, so a copy being made while these deletes run may have
+found one of them with a HEAD and skipped sending it; nothing orders that HEAD, on
+another worker, before this DELETE. The live replicas are read again after the deletes:
+a copy that names a deleted key the store no longer lists is sent again (reopened), and
+an attempt under way is superseded, never recorded verified with an object missing.
 """
 
 from __future__ import annotations
@@ -24,13 +30,15 @@ from datetime import timedelta
 
 from botocore.exceptions import ClientError
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from lifeboat.units import format_seconds
 from webapp.domain.health import alerts
+from webapp.domain.locks import for_update
 from webapp.domain.models import Event, Replica
 from webapp.domain.models.recovery import ReplicaStatus
-from webapp.domain.replication import targets
+from webapp.domain.replication import policy, targets
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +74,86 @@ def remove(replica) -> list[str]:
     for key in sorted(mine):
         client.delete_object(Bucket=bucket, Key=key)  # an absent key is no error in S3
         deleted.append(key)
+    reopen_copies_that_lost(
+        replica.target,
+        set(deleted),
+        f"with the replica of step {replica.checkpoint.step} they were shared with",
+        actor="retention",
+    )
     return deleted
+
+
+def reopen_copies_that_lost(target, deleted: set[str], why: str, actor: str) -> int:
+    """Read the store's live replicas again, once `deleted` are gone: one that names a
+    deleted key was claimed meanwhile (it was not live, or named other files, when they
+    were read first), and may have found the object with a HEAD just before it went. Each
+    copy that names a key the store no longer lists is sent again. Returns how many."""
+    if not deleted:
+        return 0
+    late = (
+        Replica.objects.filter(**targets.same_store(target))
+        .exclude(status=ReplicaStatus.DELETED)
+        .values_list("pk", "files")
+    )
+    named = {
+        pk: deleted & {e["key"] for e in files or [] if isinstance(e, dict) and "key" in e}
+        for pk, files in late
+    }
+    named = {pk: keys for pk, keys in named.items() if keys}
+    if not named:
+        return 0
+    client = targets.client_for(target)
+    asked = sorted(set().union(*named.values()))
+    present = {i["key"] for i in still_stored(client, target.bucket, asked) if i["current"]}
+    return sum(
+        _reopen(pk, len(lost), why, actor) for pk, keys in named.items() if (lost := keys - present)
+    )
+
+
+def _reopen(pk: int, lost: int, why: str, actor: str) -> bool:
+    now = timezone.now()
+    with transaction.atomic():
+        row = (
+            for_update(Replica.objects.select_related("checkpoint", "target")).filter(pk=pk).first()
+        )
+        # A pending copy looks at the target again when it is claimed.
+        if row is None or row.status not in (ReplicaStatus.VERIFIED, ReplicaStatus.UPLOADING):
+            return False
+        message = (
+            f"{lost} of its objects on {row.target.name} were deleted, {why}, while this "
+            "copy was being made: it is sent again."
+        )
+        if row.status == ReplicaStatus.VERIFIED:
+            row.attempts = 0
+            row.worker = ""
+            row.lease_until = None
+        # An attempt under way is superseded: it records nothing (replicate.owned_lock),
+        # and its lease, which it renews until it stops, holds off the next attempt.
+        was = row.status
+        row.status = ReplicaStatus.PENDING
+        row.verified_at = None
+        row.last_error = message
+        row.save(
+            update_fields=[
+                "status",
+                "attempts",
+                "worker",
+                "lease_until",
+                "verified_at",
+                "last_error",
+            ]
+        )
+        Event.record(
+            "replica.reopened",
+            checkpoint=row.checkpoint,
+            time=now,
+            actor=actor,
+            message=message,
+            data={"replica": row.pk, "target": row.target.name, "was": was, "lost": lost},
+        )
+        log.warning("replica %s: %s", row.pk, message)
+        transaction.on_commit(lambda: policy.enqueue([row.pk]))
+    return True
 
 
 def still_stored(client, bucket: str, keys: list[str]) -> list[dict]:
