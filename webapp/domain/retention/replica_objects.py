@@ -60,13 +60,15 @@ def remove(replica) -> list[str]:
         Replica.objects.filter(**targets.same_store(replica.target))
         .exclude(pk=replica.pk)
         .exclude(status=ReplicaStatus.DELETED)
-        .values_list("files", "manifest_key")
+        .values_list("pk", "started_at", "files", "manifest_key")
     )
     mine = {entry["key"] for entry in replica.files}
     manifests = set()
-    for files, manifest_key in others:
+    seen = {}
+    for pk, started_at, files, manifest_key in others:
         mine -= {entry["key"] for entry in files or []}
         manifests.add(manifest_key)
+        seen[pk] = started_at
     deleted = []
     if replica.manifest_key and replica.manifest_key not in manifests:
         client.delete_object(Bucket=bucket, Key=replica.manifest_key)
@@ -79,22 +81,34 @@ def remove(replica) -> list[str]:
         set(deleted),
         f"with the replica of step {replica.checkpoint.step} they were shared with",
         actor="retention",
+        seen=seen,
     )
     return deleted
 
 
-def reopen_copies_that_lost(target, deleted: set[str], why: str, actor: str) -> int:
+def reopen_copies_that_lost(
+    target, deleted: set[str], why: str, actor: str, seen: dict | None = None
+) -> int:
     """Read the store's live replicas again, once `deleted` are gone: one that names a
     deleted key was claimed meanwhile (it was not live, or named other files, when they
     were read first), and may have found the object with a HEAD just before it went. Each
-    copy that names a key the store no longer lists is sent again. Returns how many."""
+    copy that names a key the store no longer lists is sent again. Returns how many.
+
+    `seen`: {replica id: started_at} of the first read; a replica claimed since has
+    another started_at (each claim writes it), so only those are read whole again."""
     if not deleted:
         return 0
-    late = (
-        Replica.objects.filter(**targets.same_store(target))
-        .exclude(status=ReplicaStatus.DELETED)
-        .values_list("pk", "files")
+    live = Replica.objects.filter(**targets.same_store(target)).exclude(
+        status=ReplicaStatus.DELETED
     )
+    if seen is not None:
+        claimed_since = [
+            pk
+            for pk, started_at in live.values_list("pk", "started_at")
+            if pk not in seen or seen[pk] != started_at
+        ]
+        live = live.filter(pk__in=claimed_since)
+    late = live.values_list("pk", "files")
     named = {
         pk: deleted & {e["key"] for e in files or [] if isinstance(e, dict) and "key" in e}
         for pk, files in late
