@@ -128,3 +128,22 @@ def test_with_packing_off_every_file_is_its_own_object(project, root, s3, settin
     assert len(stored_keys(s3, target)) == 40
     restore_replica(replica, tmp_path / "restored")
     assert tree(tmp_path / "restored") == tree(root / "run-1" / "step-1")
+
+
+def test_a_copy_whose_small_files_are_all_in_earlier_packs_records_where_they_are(
+    project, root, s3, tmp_path
+):
+    """No new pack to send: the row must still say which packs hold its small files."""
+    make_target(project, s3, "all-reused")
+    first = small_files(3)
+    (one,) = replicate_now(make_checkpoint(project, root, 1, {**first, "m.pt": os.urandom(MiB)}))
+    (two,) = replicate_now(make_checkpoint(project, root, 2, {**first, "m.pt": os.urandom(MiB)}))
+    assert two.status == "verified", two.last_error
+    two.refresh_from_db()
+    pack = next(e["key"] for e in one.files if "offset" in e)
+    assert sum(1 for e in two.files if e.get("key") == pack) == 200
+    # Retention of the first copy keeps the pack the second points into.
+    RetentionPolicy.objects.create(project=project, applies_to="replicas", keep_last=1)
+    assert [d.step for d in retention.apply(project)] == [1]
+    restore_replica(two, tmp_path / "two")
+    assert tree(tmp_path / "two") == tree(root / "run-1" / "step-2")

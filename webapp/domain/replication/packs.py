@@ -101,6 +101,11 @@ def send(client, replica, entries: list[dict], open_source, progress, lookback: 
         entry.update(where)
         reused_keys[where["key"]] = where["object_size"]
         progress.tally.add(entry["size"], sent=False)
+    if reused_keys:
+        # The row names the packs it points into before they are looked at again (a
+        # HEAD in replicate.send): what a restore reads, retention keeps, and the
+        # deleter's second look finds, even when no new pack follows.
+        Replica.objects.filter(pk=replica.pk).update(files=replica.files)
     limit = settings.REPLICATION_PART_SIZE  # a pack is one PUT
     throttle = Throttle(settings.REPLICATION_MAX_BYTES_PER_S)
     sent = 0
