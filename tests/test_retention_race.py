@@ -7,9 +7,10 @@ inside the first DELETE."""
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from tests.support.replication import MiB, make_checkpoint, make_target, replicate_now
 from webapp.domain.models import Event, Replica
@@ -125,3 +126,72 @@ def test_a_copy_that_skipped_an_orphan_the_cleanup_was_deleting_is_sent_again(
     assert replicate(second.pk) == "verified"
     restore_replica(Replica.objects.get(pk=second.pk), root / "restored")
     assert (root / "restored" / "frozen.bin").read_bytes() == frozen
+
+
+def test_a_copy_under_way_that_points_into_a_pack_after_retention_first_looked_is_sent_again(
+    project, root, s3
+):
+    """Step 2's copy finds its small files in step 1's pack, and its row names the pack
+    only after retention of step 1 read the live replicas; it confirms the pack (a HEAD)
+    just before retention deletes it. Retention's second look must read that copy again
+    (its files changed since the first read, under the same claim), not trust the first
+    read. Retention runs in a thread, paused at its first DELETE until step 2's HEAD."""
+    target = make_target(project, s3, "packed")
+    small = {f"t/{i:02d}.bin": os.urandom(2000) for i in range(40)}
+    step1 = make_checkpoint(project, root, 1, {**small, "head.bin": b"1" * 100})
+    (first,) = replicate_now(step1)
+    pack = next(e["key"] for e in first.files if "offset" in e)
+    step2 = make_checkpoint(project, root, 2, {**small, "head.bin": b"2" * 100})
+    with transaction.atomic():
+        (replica_id,) = policy.request(step2)
+    claimed = r.claim(replica_id)
+
+    looked, headed = threading.Event(), threading.Event()
+    deleted = []
+
+    def retain():
+        decision = retention.Decision(
+            "replicas", "run-1", 1, step1.pk, True, ["kept one"], first.pk, target.name
+        )
+        try:
+            deleted.append(retention.delete_replica(decision, "retention"))
+        finally:
+            connection.close()
+
+    retention_thread = threading.Thread(target=retain)
+
+    def pause_at_the_first_delete(**_):
+        if not looked.is_set():
+            looked.set()  # retention has read the live replicas
+            headed.wait(30)
+
+    def after_the_head(**_):
+        headed.set()
+
+    def retention_reads_before_the_row_names_the_pack(execute, sql, params, many, context):
+        if not looked.is_set() and sql.startswith("UPDATE") and '"files"' in sql:
+            retention_thread.start()
+            assert looked.wait(30)
+        return execute(sql, params, many, context)
+
+    client = targets.client_for(target)
+    client.meta.events.register("before-call.s3.DeleteObject", pause_at_the_first_delete)
+    client.meta.events.register("after-call.s3.HeadObject", after_the_head)
+    try:
+        with connection.execute_wrapper(retention_reads_before_the_row_names_the_pack):
+            made = r.send(claimed)
+        retention_thread.join(60)
+    finally:
+        headed.set()
+        client.meta.events.unregister("before-call.s3.DeleteObject", pause_at_the_first_delete)
+        client.meta.events.unregister("after-call.s3.HeadObject", after_the_head)
+
+    assert deleted == [True] and not listed(s3.client, s3.bucket, pack)
+    assert r.record_verified(claimed, made) == "superseded"
+    second = Replica.objects.get(pk=replica_id)
+    assert second.status == "pending", second.last_error
+    second.lease_until = None
+    second.save(update_fields=["lease_until"])
+    assert replicate(second.pk) == "verified"
+    restore_replica(Replica.objects.get(pk=second.pk), root / "restored")
+    assert (root / "restored" / "t" / "07.bin").read_bytes() == small["t/07.bin"]

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 # Error codes of stores that do not implement ListObjectVersions.
 _NO_VERSIONS_API = {"NotImplemented", "MethodNotAllowed", "XNotImplemented", "InvalidRequest"}
 _AT_ONCE = 16  # listings in flight while proving a replica of many files
+_SETTLED = (ReplicaStatus.VERIFIED, ReplicaStatus.FAILED)
 
 
 def remove(replica) -> list[str]:
@@ -60,15 +61,16 @@ def remove(replica) -> list[str]:
         Replica.objects.filter(**targets.same_store(replica.target))
         .exclude(pk=replica.pk)
         .exclude(status=ReplicaStatus.DELETED)
-        .values_list("pk", "started_at", "files", "manifest_key")
+        .values_list("pk", "status", "started_at", "files", "manifest_key")
     )
     mine = {entry["key"] for entry in replica.files}
     manifests = set()
     seen = {}
-    for pk, started_at, files, manifest_key in others:
+    for pk, status, started_at, files, manifest_key in others:
         mine -= {entry["key"] for entry in files or []}
         manifests.add(manifest_key)
-        seen[pk] = started_at
+        if status in _SETTLED:
+            seen[pk] = started_at
     deleted = []
     if replica.manifest_key and replica.manifest_key not in manifests:
         client.delete_object(Bucket=bucket, Key=replica.manifest_key)
@@ -94,8 +96,11 @@ def reopen_copies_that_lost(
     were read first), and may have found the object with a HEAD just before it went. Each
     copy that names a key the store no longer lists is sent again. Returns how many.
 
-    `seen`: {replica id: started_at} of the first read; a replica claimed since has
-    another started_at (each claim writes it), so only those are read whole again."""
+    `seen`: {replica id: started_at} of the replicas that were settled (verified or
+    failed) at the first read. A settled replica's files change only when it is claimed
+    again, which writes another started_at, so only replicas not in `seen` (copies under
+    way write their files as they go: the packs they point into) or claimed since are
+    read whole again."""
     if not deleted:
         return 0
     live = Replica.objects.filter(**targets.same_store(target)).exclude(
