@@ -28,6 +28,7 @@ from django.utils import timezone
 from webapp.domain.models import Checkpoint, Replica, Run, StorageSnapshot
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ReplicaStatus
+from webapp.domain.replication.objects import objects_of
 from webapp.domain.retention import policy as retention
 
 GB = 1024**3
@@ -64,14 +65,10 @@ def target_ledger(target, doomed: frozenset = frozenset(), now=None) -> dict:
         logical += total
         manifests += bool(manifest)
         stays = pk not in doomed
-        for entry in files or []:
-            if not isinstance(entry, dict) or "key" not in entry:
-                continue
-            held = objects.get(entry["key"])
+        for key, size in (pair for entry in files or [] for pair in objects_of(entry)):
+            held = objects.get(key)
             if held is None:
-                # A pack (replication/packs.py) is one object of object_size bytes.
-                size = entry.get("object_size", entry.get("size"))
-                objects[entry["key"]] = [int(size or 0), run_id, checkpoint_id, stays]
+                objects[key] = [size, run_id, checkpoint_id, stays]
             elif stays:
                 held[3] = True
     stored = sum(held[0] for held in objects.values())

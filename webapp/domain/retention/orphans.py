@@ -32,6 +32,7 @@ from webapp.domain.models import Event, Replica, StorageAudit, StorageTarget
 from webapp.domain.models.recovery import ReplicaStatus
 from webapp.domain.models.storage_audit import AuditStatus
 from webapp.domain.replication import targets
+from webapp.domain.replication.objects import keys_of
 from webapp.domain.retention import replica_objects
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def accounted(target) -> tuple[set[str], set[str]]:
         "checkpoint__run__key", "checkpoint__step",
     )  # fmt: skip
     for files, manifest, open_uploads, slug, run_key, step in rows:
-        keys.update(entry["key"] for entry in files or [] if isinstance(entry, dict))
+        keys.update(keys_of(files))
         keys.add(manifest)
         # Written last, before the row says verified: known from the checkpoint.
         keys.add(targets.manifest_key_of(target, slug, run_key, step))

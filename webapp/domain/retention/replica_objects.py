@@ -39,6 +39,7 @@ from webapp.domain.locks import for_update
 from webapp.domain.models import Event, Replica
 from webapp.domain.models.recovery import ReplicaStatus
 from webapp.domain.replication import policy, targets
+from webapp.domain.replication.objects import keys_of, objects_of
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +64,11 @@ def remove(replica) -> list[str]:
         .exclude(status=ReplicaStatus.DELETED)
         .values_list("pk", "status", "started_at", "files", "manifest_key")
     )
-    mine = {entry["key"] for entry in replica.files}
+    mine = keys_of(replica.files)
     manifests = set()
     seen = {}
     for pk, status, started_at, files, manifest_key in others:
-        mine -= {entry["key"] for entry in files or []}
+        mine -= keys_of(files)
         manifests.add(manifest_key)
         if status in _SETTLED:
             seen[pk] = started_at
@@ -114,10 +115,7 @@ def reopen_copies_that_lost(
         ]
         live = live.filter(pk__in=claimed_since)
     late = live.values_list("pk", "files")
-    named = {
-        pk: deleted & {e["key"] for e in files or [] if isinstance(e, dict) and "key" in e}
-        for pk, files in late
-    }
+    named = {pk: deleted & keys_of(files) for pk, files in late}
     named = {pk: keys for pk, keys in named.items() if keys}
     if not named:
         return 0
@@ -212,7 +210,7 @@ def finish(replica, actor: str) -> bool:
     now = timezone.now()
     if not left:
         # A pack is one object of object_size bytes, whichever of its files is read.
-        sizes = {e["key"]: e.get("object_size", e["size"]) for e in replica.files}
+        sizes = dict(pair for entry in replica.files for pair in objects_of(entry))
         freed = sum(sizes.get(key, 0) for key in keys)  # the manifest's few bytes aside
         Replica.objects.filter(pk=replica.pk).update(
             deleted_at=now, last_error="", freed_bytes=freed
