@@ -86,10 +86,10 @@ def _pwrite(fd: int, view: memoryview, offset: int) -> None:
 
 
 def _get_range_into(
-    opener, url: str, start: int, view: memoryview, fd: int, timeout: float
+    opener, url: str, start: int, view: memoryview, fd: int, timeout: float, at: int
 ) -> None:
     """Fills `view` with the object's bytes from `start` (no new buffer) and writes them
-    at the same offset of `fd`, a PIECE at a time."""
+    at offset `at` of `fd`, a PIECE at a time."""
     end = start + len(view) - 1
     request = urllib.request.Request(url, headers={"Range": f"bytes={start}-{end}"})  # noqa: S310 (a presigned http(s) URL from the server)
     got = 0
@@ -99,10 +99,10 @@ def _get_range_into(
             part = response.read()[start : end + 1]
             view[: len(part)] = part
             got = len(part)
-            _pwrite(fd, view[:got], start)
+            _pwrite(fd, view[:got], at)
         else:
             while got < len(view) and (n := response.readinto(view[got : got + PIECE])):
-                _pwrite(fd, view[got : got + n], start + got)
+                _pwrite(fd, view[got : got + n], at + got)
                 got += n
     if got != len(view):
         raise ShortObject(f"bytes {start}-{end}: got {got} bytes")
@@ -117,23 +117,40 @@ def _fetch_small(opener, url: str, out, digest, advance: Callable[[int], None], 
             advance(len(chunk))
 
 
+def _ranges(entry: dict) -> list[tuple[str, int, int, int]]:
+    """(url, start in the object, length, offset in the file) of each ranged GET: a
+    CHUNK at a time of the file's object, or of each of its pieces in turn."""
+    size = int(entry["size"])
+    objects = (
+        [(p["url"], int(p["size"])) for p in entry["pieces"]]
+        if entry.get("pieces")
+        else [(entry["url"], size)]
+    )
+    if sum(n for _, n in objects) != size or any(n < 0 for _, n in objects):
+        raise ShortObject(f"its pieces do not add up to its {size:,} bytes")
+    ranges, at = [], 0
+    for url, length in objects:
+        ranges += [(url, s, min(CHUNK, length - s), at + s) for s in range(0, length, CHUNK)]
+        at += length
+    return ranges
+
+
 def _fetch_parallel(
-    opener, url: str, size: int, out, digest, advance: Callable[[int], None], timeout: float,
-    parallel: int,
+    opener, ranges: list[tuple[str, int, int, int]], out, digest,
+    advance: Callable[[int], None], timeout: float, parallel: int,
 ) -> None:  # fmt: skip
     """Ranged GETs on `parallel` threads, each writing its part at its offset as it comes;
     this thread hashes the parts in order as they complete. A buffer goes back to the
     pool only once it is hashed, so at most `window` parts are in memory."""
-    ranges = [(start, min(CHUNK, size - start)) for start in range(0, size, CHUNK)]
     window = min(len(ranges), parallel * 2)
     free: queue.SimpleQueue = queue.SimpleQueue()
     for _ in range(window):
         free.put(bytearray(CHUNK))
     fd = out.fileno()
 
-    def fetch(start: int, length: int) -> memoryview:
+    def fetch(url: str, start: int, length: int, at: int) -> memoryview:
         view = memoryview(free.get())[:length]
-        _get_range_into(opener, url, start, view, fd, timeout)
+        _get_range_into(opener, url, start, view, fd, timeout, at)
         return view
 
     with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="lifeboat-get") as pool:
@@ -176,10 +193,11 @@ def _fetch_one(
 
     try:
         with partial.open("wb") as out:
-            if size <= CHUNK or parallel <= 1:
+            if not entry.get("pieces") and (size <= CHUNK or parallel <= 1):
                 _fetch_small(opener, entry["url"], out, digest, counted, timeout)
-            else:
-                _fetch_parallel(opener, entry["url"], size, out, digest, counted, timeout, parallel)
+            else:  # a large file, or one cut in pieces: ranged GETs, hashed in order
+                ranges = _ranges(entry)
+                _fetch_parallel(opener, ranges, out, digest, counted, timeout, max(parallel, 1))
             out.flush()
             if durable:
                 os.fsync(out.fileno())
@@ -301,8 +319,10 @@ def download_files(
 ) -> list[Path]:
     """Fetch every {path, size, sha256, url} into `dest`, verified; a file with an
     `offset` is `size` bytes from there in the object at `url` (a pack of small files,
-    fetched with one ranged GET for all of its files listed). `progress(done,
-    total)` is called on the calling thread, about every PROGRESS_S and at the end.
+    fetched with one ranged GET for all of its files listed); a file with `pieces`
+    ([{url, size}]) instead of a `url` is their bytes one after the other (a large file
+    cut at tensor boundaries), its sha256 checked whole. `progress(done, total)` is called
+    on the calling thread, about every PROGRESS_S and at the end.
     Returns the files' paths, in the order given. `durable` fsyncs each file before it
     is moved into place: what a job will resume from must survive a crash of the
     machine; a restore test's scratch copy, deleted at once, need not. With

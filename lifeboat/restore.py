@@ -94,10 +94,19 @@ def fetch_replica(
     total = sum(spec["size"] for spec in files)
     errors = []
     for replica in replicas:
-        urls = {item["path"]: item["url"] for item in replica["files"]}
-        # A small file in a pack: its bytes from `offset` on in the pack's object.
-        offsets = {item["path"]: item.get("offset") for item in replica["files"]}
-        missing = [spec["path"] for spec in files if spec["path"] not in urls]
+        # Where each file's bytes are: `url`; a small file in a pack, from `offset` on in
+        # the pack's object; a large file cut at tensor boundaries, its `pieces` in order.
+        where = {
+            item["path"]: {
+                k: item[k] for k in ("url", "offset", "pieces") if item.get(k) is not None
+            }
+            for item in replica["files"]
+        }
+        missing = [
+            spec["path"]
+            for spec in files
+            if not {"url", "pieces"} & set(where.get(spec["path"], {}))
+        ]
         if missing:
             errors.append(f"{replica.get('target')}: no object for {missing[0]}")
             continue
@@ -112,20 +121,14 @@ def fetch_replica(
         try:
             if partial:
                 download_files(
-                    [
-                        {**spec, "url": urls[spec["path"]], "offset": offsets[spec["path"]]}
-                        for spec in files
-                    ],
+                    [{**spec, **where[spec["path"]]} for spec in files],
                     destination,
                     progress,
                 )
                 bar.close()
                 return destination
             download_files(
-                [
-                    {**spec, "url": urls[spec["path"]], "offset": offsets[spec["path"]]}
-                    for spec in files
-                ],
+                [{**spec, **where[spec["path"]]} for spec in files],
                 staging,
                 progress,
             )

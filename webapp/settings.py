@@ -452,6 +452,10 @@ REPLICATION_FILES_AT_ONCE = env_int("REPLICATION_FILES_AT_ONCE", 16, minimum=1)
 # Files smaller than this go in packs of up to REPLICATION_PART_SIZE, when a checkpoint
 # has 32 of them or more (webapp/domain/replication/packs.py); 0: every file alone.
 REPLICATION_PACK_BELOW = env_int("REPLICATION_PACK_BELOW", 1024**2, minimum=0)
+# Files this large or larger whose header says where their tensors are (safetensors, a
+# torch zip) are sent as pieces cut at tensor boundaries, so an unchanged tensor is not
+# sent again (webapp/domain/replication/pieces.py); 0: every file whole.
+REPLICATION_PIECES_ABOVE = env_int("REPLICATION_PIECES_ABOVE", 64 * 1024**2, minimum=0)
 # The checksum sent with every part, which the server verifies before it keeps the part:
 # CRC32 or SHA256. The file's sha256 is computed from the same bytes and compared either
 # way, so a part's checksum only has to catch damage in transit; SHA256 parts hash every

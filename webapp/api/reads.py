@@ -96,14 +96,24 @@ class PartOut(Schema):
     saved_at: datetime
 
 
+class ReplicaPieceOut(Schema):
+    url: str
+    size: int
+    sha256: str
+
+
 class ReplicaFileOut(Schema):
     path: str
     size: int
     sha256: str
-    url: str
+    # Absent for a file cut at tensor boundaries: its `pieces` instead.
+    url: str | None = None
     # A small file sent in a pack (docs/replication.md): its `size` bytes from here on in
     # the object at `url`; absent for a file stored alone.
     offset: int | None = None
+    # A large file cut at tensor boundaries (docs/replication.md): its bytes are the
+    # pieces' one after the other, each an object of its own; absent otherwise.
+    pieces: list[ReplicaPieceOut] | None = None
 
 
 class ReplicaOut(Schema):

@@ -33,7 +33,8 @@ from webapp.domain.locks import for_update
 from webapp.domain.models import Checkpoint, Event, Replica
 from webapp.domain.models.checkpoints import CheckpointStatus
 from webapp.domain.models.recovery import ReplicaStatus
-from webapp.domain.replication import fanout, packs, targets
+from webapp.domain.replication import fanout, packs, pieces, targets
+from webapp.domain.replication.objects import keys_of
 from webapp.domain.replication.sources import SourceUnavailable, sources
 from webapp.domain.replication.upload import Throttle, abort_quietly
 
@@ -41,8 +42,9 @@ log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 1.0
 MANIFEST_FORMAT = "lifeboat.replica/1"
-# A packed file adds where it is in its pack (replication/packs.py).
-MANIFEST_FIELDS = ("path", "size", "sha256", "key", "offset", "object_size")
+# A packed file adds where it is in its pack (replication/packs.py); a file cut at
+# tensor boundaries lists its pieces instead of a key (replication/pieces.py).
+MANIFEST_FIELDS = ("path", "size", "sha256", "key", "offset", "object_size", "pieces")
 
 
 @dataclass
@@ -155,7 +157,7 @@ def _worth_a_look(replica, claimed: Claim):
         return lambda entry: True
     known: set[str] = set()
     for files in packs.earlier_files(replica, DEDUP_LOOKBACK):
-        known |= {entry["key"] for entry in files or []}
+        known |= keys_of(files)
     part = settings.REPLICATION_PART_SIZE
     return lambda entry: entry["size"] > part or entry["key"] in known
 
@@ -251,20 +253,34 @@ def send(claimed: Claim) -> dict:
     abort_stale_uploads(client, bucket, replica, claimed)
     progress = _Progress(replica.pk)
     packed, alone = packs.split(replica.files)
-    reused_packs: dict[str, int] = {}
+    cut, alone = pieces.split(alone, checkpoint.location)
+    reused: dict[str, int] = {}  # objects of earlier copies this one points into
+    files_reused = 0
     try:
         if packed:
             with sources(checkpoint) as open_source:
                 found = packs.send(client, replica, packed, open_source, progress, DEDUP_LOOKBACK)
-            reused_packs = found["reused_keys"]
+            reused.update(found["reused_keys"])
+            files_reused += found["reused"]
+        if cut:
+            with sources(checkpoint) as open_source:
+                cut_now = pieces.plan(replica, cut, open_source, progress)
+                earlier = list(packs.earlier_files(replica, DEDUP_LOOKBACK))
+                found = pieces.send(client, replica, cut_now, open_source, progress, earlier)
+            reused.update(found["reused"])
+            files_reused += sum(
+                1 for e in cut_now if all(p["key"] in found["reused"] for p in e["pieces"])
+            )
+            cut_ids = {id(e) for e in cut_now}
+            alone += [e for e in cut if id(e) not in cut_ids]  # no tensors found: whole
         skipped = send_entries(client, replica, claimed, alone, progress)
     finally:
         progress.flush()
-    sent_files = len(replica.files) - len(skipped) - (found["reused"] if packed else 0)
-    # The packs of earlier copies this one points into: still there, whole?
-    for key, object_size in reused_packs.items():
+    sent_files = len(replica.files) - len(skipped) - files_reused
+    # The packs and pieces of earlier copies this one points into: still there, whole?
+    for key, object_size in reused.items():
         if not on_target(client, bucket, key, key.rsplit("/", 1)[-1], object_size):
-            raise ConnectionError(f"the pack {key} of an earlier copy is not on the target")
+            raise ConnectionError(f"the object {key} of an earlier copy is not on the target")
 
     # A file sent now was confirmed by the server's answer (its checksum checked, and
     # its sha256 compared before the upload was completed); one that was already there

@@ -1,7 +1,8 @@
 """Bring a replica back: the files of a verified replica, downloaded and verified.
 
 `replica_files` gives what the API hands to clients ({path, size, sha256, url} with a
-presigned GET URL, and `offset` for a file in a pack); `restore_replica` downloads them
+presigned GET URL, and `offset` for a file in a pack; a file cut at tensor boundaries has
+`pieces`, [{url, size, sha256}] in order, instead of a `url`); `restore_replica` downloads them
 with the same stdlib code the client uses (download.download_files), after checking
 that the manifest on the target agrees with the database.
 """
@@ -42,6 +43,13 @@ def replica_files(replica, expires_s: int | None = None) -> list[dict]:
     found = []
     for entry in replica.files:
         one = {k: entry[k] for k in ("path", "size", "sha256")}
+        if "pieces" in entry:  # cut at tensor boundaries (replication/pieces.py): in order
+            one["pieces"] = [
+                {"url": url(p["key"]), "size": p["size"], "sha256": p["sha256"]}
+                for p in entry["pieces"]
+            ]
+            found.append(one)
+            continue
         one["url"] = url(entry["key"])
         if "offset" in entry:  # in a pack (replication/packs.py): its bytes from offset on
             one["offset"] = entry["offset"]
