@@ -1,6 +1,8 @@
 """Large files cut at tensor boundaries, on a real SeaweedFS and PostgreSQL
 (webapp/domain/replication/pieces.py): a `torch.save` file of a model whose base is
-frozen is sent whole once, and the next checkpoint sends only the tensors that changed;
+frozen is sent whole by the run's first copy, cut by the next, and the one after sends
+only the tensors that changed; a run whose tensors all change (full training) is cut only
+now and then;
 both restore byte for byte on the server and through the client's own path; retention
 keeps the pieces another copy names and deletes the rest; the audit finds no orphans;
 the ledger counts a shared piece once; a hostile header never loses a byte; a file that
@@ -61,6 +63,8 @@ def test_the_next_checkpoint_of_a_frozen_model_sends_only_the_tensors_that_chang
     project, root, s3, api, read_token, tmp_path
 ):
     target = make_target(project, s3, "tensors")
+    (first,) = replicate_now(make_checkpoint(project, root, 0, {"model.pt": frozen_model(0)}))
+    assert "pieces" not in first.files[0]  # the run's first copy: nothing to share with yet
     one_bytes, two_bytes = frozen_model(1), frozen_model(2)
     (one,) = replicate_now(make_checkpoint(project, root, 1, {"model.pt": one_bytes}))
     assert one.status == "verified", one.last_error
@@ -92,9 +96,9 @@ def test_the_next_checkpoint_of_a_frozen_model_sends_only_the_tensors_that_chang
     assert figures["saved_bytes"] >= len(one_bytes) - two.bytes_sent - 1024
     assert orphans.audit(target, "test").orphan_objects == 0
 
-    # Retention deletes the first copy: the pieces the second names stay, its own go.
+    # Retention deletes the older copies: the pieces the last names stay, the rest go.
     RetentionPolicy.objects.create(project=project, applies_to="replicas", keep_last=1)
-    assert [d.step for d in retention.apply(project)] == [1]
+    assert sorted(d.step for d in retention.apply(project)) == [0, 1]
     assert set(stored(s3, target)) == {p["key"] for p in two.files[0]["pieces"]}
     assert Replica.objects.get(pk=one.pk).deleted_at is not None
     restore_replica(Replica.objects.get(pk=two.pk), tmp_path / "after")
@@ -139,7 +143,8 @@ def test_a_safetensors_file_restores_byte_for_byte_whatever_its_header_says(
     if damage:
         header = HOSTILE[damage](header)
     body = safetensors_file(header, data)
-    (replica,) = replicate_now(make_checkpoint(project, root, 1, {"m.safetensors": body}))
+    replicate_now(make_checkpoint(project, root, 1, {"m.safetensors": b"first" * MiB}))
+    (replica,) = replicate_now(make_checkpoint(project, root, 2, {"m.safetensors": body}))
     assert replica.status == "verified", replica.last_error
     (entry,) = replica.files
     if damage is None:
@@ -156,6 +161,7 @@ def test_a_file_that_changes_between_the_passes_is_refused(project, root, s3):
     no piece is stored under an address that is not its content, the copy fails and the
     checkpoint is no longer called good."""
     target = make_target(project, s3, "changed")
+    replicate_now(make_checkpoint(project, root, 0, {"model.pt": frozen_model(0)}))
     body = frozen_model(1)
     checkpoint = make_checkpoint(project, root, 1, {"model.pt": body})
     path = root / "run-1" / "step-1" / "model.pt"
@@ -179,6 +185,7 @@ def test_a_file_that_changes_between_the_passes_is_refused(project, root, s3):
 
 def test_a_file_changed_before_the_copy_is_never_cut(project, root, s3):
     make_target(project, s3, "before")
+    replicate_now(make_checkpoint(project, root, 0, {"model.pt": frozen_model(0)}))
     body = frozen_model(1)
     checkpoint = make_checkpoint(project, root, 1, {"model.pt": body})
     (root / "run-1" / "step-1" / "model.pt").write_bytes(frozen_model(9))
@@ -191,8 +198,9 @@ def test_with_cutting_off_a_large_file_is_one_object(project, root, s3, settings
     settings.REPLICATION_PIECES_ABOVE = 0
     target = make_target(project, s3, "whole")
     body = frozen_model(1)
+    replicate_now(make_checkpoint(project, root, 0, {"model.pt": frozen_model(0)}))
     (replica,) = replicate_now(make_checkpoint(project, root, 1, {"model.pt": body}))
-    assert "pieces" not in replica.files[0] and len(stored(s3, target)) == 1
+    assert "pieces" not in replica.files[0] and len(stored(s3, target)) == 2
     # A copy cut in pieces after one that was not: both restore.
     settings.REPLICATION_PIECES_ABOVE = MiB
     (second,) = replicate_now(make_checkpoint(project, root, 2, {"model.pt": frozen_model(2)}))
@@ -201,3 +209,35 @@ def test_with_cutting_off_a_large_file_is_one_object(project, root, s3, settings
     restore_replica(second, tmp_path / "two")
     assert same_bytes(tmp_path / "one" / "model.pt", body)
     assert same_bytes(tmp_path / "two" / "model.pt", frozen_model(2))
+
+
+def cut_or_not(project, root, run: str, steps: int, tensors_at) -> list[bool]:
+    """Copy `steps` checkpoints of a safetensors file of the tensors `tensors_at(step)`;
+    whether each copy cut it."""
+    pattern = []
+    for step in range(1, steps + 1):
+        header, data = {}, b""
+        for i, tensor in enumerate(tensors_at(step)):
+            header[f"w{i}"] = {"dtype": "U8", "shape": [len(tensor)],
+                               "data_offsets": [len(data), len(data) + len(tensor)]}  # fmt: skip
+            data += tensor
+        body = safetensors_file(header, data)
+        checkpoint = make_checkpoint(project, root, step, {"m.safetensors": body}, run=run)
+        (replica,) = replicate_now(checkpoint)
+        assert replica.status == "verified", replica.last_error
+        pattern.append("pieces" in replica.files[0])
+    return pattern
+
+
+def test_full_training_is_cut_only_now_and_then_and_fine_tuning_always(project, root, s3):
+    """Every tensor changes at every step: after two copies cut for nothing, copies go
+    whole until that measurement leaves the window of 8 copies. Frozen tensors: cut from
+    the second copy on, and from the third on only what changed is sent."""
+    make_target(project, s3, "full")
+    full = cut_or_not(project, root, "full", 13, lambda _: [os.urandom(300_000) for _ in range(4)])
+    assert full == [False, True, True] + [False] * 7 + [True, True, False]
+    frozen = [os.urandom(300_000) for _ in range(3)]
+    tuned = cut_or_not(project, root, "tuned", 6, lambda _: [*frozen, os.urandom(300_000)])
+    assert tuned == [False] + [True] * 5
+    last = Replica.objects.filter(checkpoint__run__key="tuned").latest("pk")
+    assert last.bytes_sent < 400_000  # the changed tensor (and the header), not 1.2 MB

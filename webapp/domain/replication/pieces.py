@@ -14,6 +14,12 @@ checkpoint). A piece is an object addressed by its own sha256, like any file
 (`<prefix>/sha256/...`); the entry lists them in order ({key, size, sha256}), and a
 restore writes them one after the other and checks the whole file's sha256.
 
+Cutting costs a second read of the file and a request a piece, and pays only when
+tensors stay the same between checkpoints, which full training never does: the run's
+recent copies decide whether a copy cuts (worth_cutting). The first copy of a run on a
+store is sent whole; then cutting is tried, and kept while it finds at least a quarter of
+the bytes already stored.
+
 The header is the job's, so it is not trusted: it only says where to cut. The pieces
 cover every byte of the file once, in order, whatever it says; a header that cannot be
 read, or that would cut the file into more than MAX_PIECES, leaves the file whole.
@@ -50,18 +56,50 @@ MAX_PIECES = 10_000  # per file
 MAX_HEADER = 100 * 1024**2  # safetensors' own limit on its JSON header
 MAX_DIRECTORY = 64 * 1024**2  # a zip's central directory read to find its records
 READ = 8 * 1024**2  # one read of the first pass
+SMALLEST = 64 * 1024  # tiny spans side by side are one piece up to this
+KEEP_CUTTING = 0.25  # of a cut copy's bytes found already stored: worth going on
 WAKE_S = 0.25
 
 
-def split(entries: list[dict], location: str) -> tuple[list[dict], list[dict]]:
-    """(entries large enough to cut, the rest). Only files on a local disk are cut:
-    the second pass reads a piece at its offset."""
+def split(entries: list[dict], location: str, earlier) -> tuple[list[dict], list[dict]]:
+    """(entries to cut, the rest): files large enough, on a local disk (the second pass
+    reads a piece at its offset), when the run's copies say it is worth it.
+    `earlier()`: the file lists of the run's recent copies on the store, newest first."""
     above = settings.REPLICATION_PIECES_ABOVE
     if not above or location.startswith("s3://"):
         return [], entries
     large = [e for e in entries if e["size"] >= above]
+    if not large or not worth_cutting(list(earlier())):
+        return [], entries
     chosen = {id(e) for e in large}
     return large, [e for e in entries if id(e) not in chosen]
+
+
+def _cut_entries(files) -> list[dict]:
+    return [e for e in files or [] if isinstance(e, dict) and "pieces" in e]
+
+
+def worth_cutting(earlier: list) -> bool:
+    """Whether this copy should cut its large files, from the run's recent copies on the
+    store (newest first). Cutting costs a second read and a request a piece, and pays
+    only when tensors stay the same between checkpoints (frozen layers, LoRA), which full
+    training never does. So: the run's first copy is sent whole (there is nothing to share
+    with yet); the next two are cut, the second of them measuring what cutting saves
+    against the first; once a cut copy that followed a cut copy found less than
+    KEEP_CUTTING of its bytes already stored, copies are sent whole until it leaves the
+    window (DEDUP_LOOKBACK copies), and then cutting is tried again."""
+    if not earlier:
+        return False
+    cut = [i for i, files in enumerate(earlier) if _cut_entries(files)]
+    if not cut:
+        return True
+    newest = cut[0]
+    if newest + 1 not in cut:
+        return True  # the newest cut copy had nothing cut to share with: a trial
+    entries = _cut_entries(earlier[newest])
+    total = sum(int(e.get("size") or 0) for e in entries)
+    reused = sum(int(e.get("reused") or 0) for e in entries)
+    return total > 0 and reused >= KEEP_CUTTING * total
 
 
 def cut_points(source, size: int) -> list[int]:
@@ -137,16 +175,25 @@ def _zip_cuts(source, size: int) -> list[int]:
 
 def spans(cuts: list[int], size: int, limit: int) -> list[tuple[int, int]]:
     """(start, length) of each piece: from one cut to the next, at most `limit` long;
-    every byte of the file in exactly one, in order."""
+    every byte of the file in exactly one, in order. Consecutive spans smaller than
+    SMALLEST (a zip's record headers, biases, norms) are one piece up to SMALLEST: each
+    piece is a PUT, or a HEAD when it is reused, and hundreds of tiny ones cost more time
+    than their bytes; a large span is never joined to another."""
     points = sorted({c for c in cuts if isinstance(c, int) and 0 < c < size})
-    found, start = [], 0
+    found: list[tuple[int, int]] = []
+    start = 0
     for end in [*points, size]:
         while end - start > limit:
             found.append((start, limit))
             start += limit
-        if end > start:
-            found.append((start, end - start))
-            start = end
+        if end <= start:
+            continue
+        length = end - start
+        if found and length < SMALLEST and found[-1][1] + length <= SMALLEST:
+            found[-1] = (found[-1][0], found[-1][1] + length)
+        else:
+            found.append((start, length))
+        start = end
     return found
 
 
@@ -178,10 +225,12 @@ def _hash_pieces(source, entry: dict, cut: list[tuple[int, int]], progress) -> l
     return [{"size": n, "sha256": sha} for n, sha in hashes]
 
 
-def plan(replica, entries: list[dict], open_source, progress) -> list[dict]:
+def plan(replica, entries: list[dict], open_source, progress, earlier: list) -> list[dict]:
     """Cut each entry where its header says; fills `pieces` (and drops the whole
-    file's `key`) of those cut in more than one piece. Returns the entries cut."""
+    file's `key`) of those cut in more than one piece, and `reused`, the bytes of its
+    pieces `earlier` copies name (what worth_cutting reads). Returns the entries cut."""
     target = replica.target
+    known = set().union(*(keys_of(files) for files in earlier))
     limit = settings.REPLICATION_PART_SIZE
     cut_entries = []
     for entry in entries:
@@ -196,6 +245,7 @@ def plan(replica, entries: list[dict], open_source, progress) -> list[dict]:
         entry.pop("offset", None)
         entry.pop("object_size", None)
         entry["pieces"] = [{k: p[k] for k in ("key", "size", "sha256")} for p in pieces]
+        entry["reused"] = sum(p["size"] for p in pieces if p["key"] in known)
         cut_entries.append(entry)
     if cut_entries:
         # The row names every piece before any is sent or looked at (see above).

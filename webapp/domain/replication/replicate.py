@@ -19,6 +19,7 @@ import json
 import logging
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -141,6 +142,17 @@ def on_target(client, bucket: str, key: str, sha256: str, size: int) -> bool:
     return head.get("Metadata", {}).get("sha256") == sha256 and head["ContentLength"] == size
 
 
+def _on_target_all(client, bucket: str, looks: list[tuple]) -> list[bool]:
+    """on_target for each (key, sha256, size, name), LOOKS_AT_ONCE at a time: a copy that
+    points into hundreds of pieces of earlier copies waits for one round trip, not for
+    hundreds one after the other."""
+    if not looks:
+        return []
+    with ThreadPoolExecutor(max_workers=min(LOOKS_AT_ONCE, len(looks))) as pool:
+        return list(pool.map(lambda look: on_target(client, bucket, *look[:3]), looks))
+
+
+LOOKS_AT_ONCE = 16
 # Earlier replicas of the same run looked at for objects already on the target.
 DEDUP_LOOKBACK = 8
 
@@ -253,7 +265,11 @@ def send(claimed: Claim) -> dict:
     abort_stale_uploads(client, bucket, replica, claimed)
     progress = _Progress(replica.pk)
     packed, alone = packs.split(replica.files)
-    cut, alone = pieces.split(alone, checkpoint.location)
+
+    def earlier():
+        return packs.earlier_files(replica, DEDUP_LOOKBACK)
+
+    cut, alone = pieces.split(alone, checkpoint.location, earlier)
     reused: dict[str, int] = {}  # objects of earlier copies this one points into
     files_reused = 0
     try:
@@ -264,9 +280,9 @@ def send(claimed: Claim) -> dict:
             files_reused += found["reused"]
         if cut:
             with sources(checkpoint) as open_source:
-                cut_now = pieces.plan(replica, cut, open_source, progress)
-                earlier = list(packs.earlier_files(replica, DEDUP_LOOKBACK))
-                found = pieces.send(client, replica, cut_now, open_source, progress, earlier)
+                recent = list(earlier())
+                cut_now = pieces.plan(replica, cut, open_source, progress, recent)
+                found = pieces.send(client, replica, cut_now, open_source, progress, recent)
             reused.update(found["reused"])
             files_reused += sum(
                 1 for e in cut_now if all(p["key"] in found["reused"] for p in e["pieces"])
@@ -278,16 +294,15 @@ def send(claimed: Claim) -> dict:
         progress.flush()
     sent_files = len(replica.files) - len(skipped) - files_reused
     # The packs and pieces of earlier copies this one points into: still there, whole?
-    for key, object_size in reused.items():
-        if not on_target(client, bucket, key, key.rsplit("/", 1)[-1], object_size):
-            raise ConnectionError(f"the object {key} of an earlier copy is not on the target")
-
     # A file sent now was confirmed by the server's answer (its checksum checked, and
     # its sha256 compared before the upload was completed); one that was already there
     # may have been deleted since by retention of another replica: looked at again.
-    for entry in skipped:
-        if not on_target(client, bucket, entry["key"], entry["sha256"], entry["size"]):
-            raise ConnectionError(f"{entry['path']} is not on the target after its upload")
+    looks = [(key, key.rsplit("/", 1)[-1], size, f"the object {key} of an earlier copy")
+             for key, size in reused.items()]  # fmt: skip
+    looks += [(e["key"], e["sha256"], e["size"], e["path"]) for e in skipped]
+    for (*_, name), there in zip(looks, _on_target_all(client, bucket, looks), strict=True):
+        if not there:
+            raise ConnectionError(f"{name} is not on the target")
 
     mkey = write_manifest(client, target, checkpoint, replica)
     progress.flush()
