@@ -24,7 +24,7 @@ from lifeboat.restore import fetch_replica
 from tests.support.replication import MiB, make_checkpoint, make_target, replicate_now
 from webapp.domain.models import Checkpoint, Replica, RetentionPolicy
 from webapp.domain.replication import ledger, targets
-from webapp.domain.replication.restore import restore_replica
+from webapp.domain.replication.restore import RestoreError, restore_replica
 from webapp.domain.retention import orphans
 from webapp.domain.retention import policy as retention
 
@@ -241,3 +241,23 @@ def test_full_training_is_cut_only_now_and_then_and_fine_tuning_always(project, 
     assert tuned == [False] + [True] * 5
     last = Replica.objects.filter(checkpoint__run__key="tuned").latest("pk")
     assert last.bytes_sent < 400_000  # the changed tensor (and the header), not 1.2 MB
+
+
+@pytest.mark.parametrize("fault", ["damaged", "gone"])
+def test_a_damaged_or_missing_piece_fails_the_restore_naming_the_file(
+    project, root, s3, tmp_path, fault
+):
+    make_target(project, s3, "faults")
+    replicate_now(make_checkpoint(project, root, 0, {"model.pt": frozen_model(0)}))
+    (replica,) = replicate_now(make_checkpoint(project, root, 1, {"model.pt": frozen_model(1)}))
+    piece = max(replica.files[0]["pieces"], key=lambda p: p["size"])
+    if fault == "damaged":
+        body = bytearray(s3.client.get_object(Bucket=s3.bucket, Key=piece["key"])["Body"].read())
+        body[1000] ^= 0xFF
+        s3.put(piece["key"], bytes(body))
+    else:
+        s3.client.delete_object(Bucket=s3.bucket, Key=piece["key"])
+    with pytest.raises(RestoreError, match="model.pt") as failed:
+        restore_replica(replica, tmp_path / "restored")
+    assert failed.value.replica_at_fault
+    assert not (tmp_path / "restored" / "model.pt").exists()
