@@ -261,3 +261,74 @@ def test_a_damaged_or_missing_piece_fails_the_restore_naming_the_file(
         restore_replica(replica, tmp_path / "restored")
     assert failed.value.replica_at_fault
     assert not (tmp_path / "restored" / "model.pt").exists()
+
+
+def dcp_save(state: dict, folder) -> dict[str, bytes]:
+    """A DCP save of one rank (FSDP2's format): its files' bytes."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+        dcp.save(state, checkpoint_id=folder, no_dist=True)
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_a_dcp_shard_is_cut_at_its_tensors_and_sends_only_what_changed(project, root, s3, tmp_path):
+    """A DCP shard is torch zips end to end, one a tensor: each zip's directory says
+    where its tensor is."""
+    make_target(project, s3, "dcp")
+    base = torch.Generator().manual_seed(0)
+    frozen = {f"blocks.{i}.weight": torch.randn(256, 256, generator=base) for i in range(8)}
+    sent = []
+    for step in (1, 2, 3):
+        head = torch.randn(64, 256, generator=torch.Generator().manual_seed(step))
+        files = dcp_save({**frozen, "head.weight": head}, tmp_path / f"save-{step}")
+        (replica,) = replicate_now(make_checkpoint(project, root, step, files))
+        assert replica.status == "verified", replica.last_error
+        sent.append(replica.bytes_sent)
+    shard = next(e for e in replica.files if e["path"].endswith(".distcp"))
+    assert len(shard["pieces"]) >= 9
+    assert sent[2] < sent[0] / 10, sent  # the head and the metadata, not 2 MiB of frozen weights
+    restore_replica(replica, tmp_path / "restored")
+    assert same_bytes(tmp_path / "restored" / shard["path"], files[shard["path"]])
+
+
+def zip_damage(kind: str) -> bytes:
+    body = bytearray(frozen_model(1))
+    end = body.rfind(b"PK\x05\x06")
+    if kind == "an end record pointing past the file":
+        body[end + 16 : end + 20] = (2**32 - 2).to_bytes(4, "little")
+        locator = end - 20
+        body[locator - 56 + 48 : locator - 56 + 56] = (2**60).to_bytes(8, "little")
+    elif kind == "a directory entry pointing past the file":
+        entry = body.rfind(b"PK\x01\x02")
+        body[entry + 42 : entry + 46] = (2**32 - 2).to_bytes(4, "little")
+    elif kind == "end signatures in random bytes after it":
+        body += b"".join(os.urandom(1000) + b"PK\x05\x06" + os.urandom(30) for _ in range(50))
+    elif kind == "a directory of garbage":
+        entry = body.find(b"PK\x01\x02")
+        body[entry:end] = os.urandom(end - entry)
+    return bytes(body)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "an end record pointing past the file",
+        "a directory entry pointing past the file",
+        "end signatures in random bytes after it",
+        "a directory of garbage",
+    ],
+)
+def test_a_torch_zip_whose_directory_lies_restores_byte_for_byte(project, root, s3, tmp_path, kind):
+    make_target(project, s3, "zips")
+    replicate_now(make_checkpoint(project, root, 1, {"model.pt": frozen_model(0)}))
+    body = zip_damage(kind)
+    (replica,) = replicate_now(make_checkpoint(project, root, 2, {"model.pt": body}))
+    assert replica.status == "verified", replica.last_error
+    if "pieces" in replica.files[0]:
+        assert sum(p["size"] for p in replica.files[0]["pieces"]) == len(body)
+    restore_replica(replica, tmp_path / "restored")
+    assert same_bytes(tmp_path / "restored" / "model.pt", body)

@@ -7,7 +7,8 @@ tensors and keeps the rest byte for byte: cut at tensor boundaries, the second c
 sends 3.5x to 44x fewer bytes (bench/dedup_tensors.py, docs/benchmarks.md).
 
 A file of REPLICATION_PIECES_ABOVE bytes or more whose own header says where its tensors
-are (safetensors; a torch zip, each storage a stored record) is sent as pieces: the
+are (safetensors; a torch zip, each storage a stored record, or a DCP shard, torch zips end
+to end: zip_records.py) is sent as pieces: the
 bytes between two consecutive cuts, each at most REPLICATION_PART_SIZE (a larger tensor
 is cut every PART_SIZE from its start, so its pieces too are the same in the next
 checkpoint). A piece is an object addressed by its own sha256, like any file
@@ -40,13 +41,13 @@ import io
 import json
 import logging
 import os
-import zipfile
+import struct
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 from django.conf import settings
 
 from webapp.domain.models import Replica
-from webapp.domain.replication import targets
+from webapp.domain.replication import targets, zip_records
 from webapp.domain.replication.objects import keys_of
 from webapp.domain.replication.upload import Budget, SourceChanged, Throttle, _mismatch, upload
 
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 
 MAX_PIECES = 10_000  # per file
 MAX_HEADER = 100 * 1024**2  # safetensors' own limit on its JSON header
-MAX_DIRECTORY = 64 * 1024**2  # a zip's central directory read to find its records
+MAX_DIRECTORY = 64 * 1024**2  # a zip's central directory, read to find its records
 READ = 8 * 1024**2  # one read of the first pass
 SMALLEST = 64 * 1024  # tiny spans side by side are one piece up to this
 KEEP_CUTTING = 0.25  # of a cut copy's bytes found already stored: worth going on
@@ -109,9 +110,9 @@ def cut_points(source, size: int) -> list[int]:
     head = source.read(8)
     try:
         if head[:4] == b"PK\x03\x04":
-            return _zip_cuts(source, size)
+            return zip_records.cuts(source, size, MAX_PIECES, MAX_DIRECTORY)
         return _safetensors_cuts(source, size, head)
-    except (ValueError, TypeError, KeyError, OSError, zipfile.BadZipFile, RecursionError):
+    except (ValueError, TypeError, KeyError, OSError, struct.error, RecursionError):
         return []
 
 
@@ -131,45 +132,6 @@ def _safetensors_cuts(source, size: int, head: bytes) -> list[int]:
             continue
         begin, end = tensor["data_offsets"]
         cuts += [data + int(begin), data + int(end)]
-    return cuts
-
-
-def _zip_cuts(source, size: int) -> list[int]:
-    """Each record's data: a torch zip stores its tensors' storages uncompressed, one
-    record each. The central directory is bounded before zipfile reads it."""
-    tail_at = max(0, size - 65_557)  # the end record and the longest comment
-    source.seek(tail_at)
-    tail = source.read()
-    at = tail.rfind(b"PK\x05\x06")
-    if at < 0:
-        return []
-    directory = int.from_bytes(tail[at + 12 : at + 16], "little")
-    if directory == 0xFFFFFFFF:  # zip64: the size is in its own end record
-        locator = tail.rfind(b"PK\x06\x07", 0, at)
-        if locator < 0:
-            return []
-        source.seek(int.from_bytes(tail[locator + 8 : locator + 16], "little") + 40)
-        directory = int.from_bytes(source.read(8), "little")
-    if directory > MAX_DIRECTORY:
-        return []
-    source.seek(0)
-    cuts = []
-    with zipfile.ZipFile(source) as archive:
-        records = archive.infolist()
-        if len(records) > MAX_PIECES:
-            return []
-        for record in records:
-            source.seek(record.header_offset)
-            local = source.read(30)
-            if local[:4] != b"PK\x03\x04":
-                return []
-            begin = (
-                record.header_offset
-                + 30
-                + int.from_bytes(local[26:28], "little")
-                + int.from_bytes(local[28:30], "little")
-            )
-            cuts += [begin, begin + record.compress_size]
     return cuts
 
 
