@@ -31,7 +31,10 @@ def cuts(source, size: int, max_records: int, max_directory: int) -> list[int]:
     last = _tail_end(source, size)
     if last is None:
         return []
-    found = _zip_at(source, size, last, max_records, max_directory)
+    # The bytes of directories still to read, for all the zips together: a file of fake
+    # end records cannot make this read more than that.
+    budget = [max_directory]
+    found = _zip_at(source, size, last, max_records, budget)
     if found is None:
         return []
     start, records = found
@@ -43,7 +46,7 @@ def cuts(source, size: int, max_records: int, max_directory: int) -> list[int]:
         return []
     total: list[int] = []
     for end in ends:
-        found = _zip_at(source, size, end, max_records, max_directory)
+        found = _zip_at(source, size, end, max_records, budget)
         if found is not None:
             total += found[1]
         if len(total) > 2 * max_records:
@@ -83,9 +86,10 @@ def _read(source, at: int, n: int) -> bytes:
     return source.read(n)
 
 
-def _zip_at(source, size, end: int, max_records: int, max_directory: int):
+def _zip_at(source, size, end: int, max_records: int, budget: list[int]):
     """(start of the zip whose end record is at `end`, the cuts of its records), or None
-    when what is there is not a consistent zip."""
+    when what is there is not a consistent zip. `budget[0]`: the directory bytes this may
+    still read, lowered by what it reads."""
     record = _read(source, end, 22)
     if len(record) < 22:
         return None
@@ -103,8 +107,9 @@ def _zip_at(source, size, end: int, max_records: int, max_directory: int):
     elif 0xFFFFFFFF in (directory_size, directory_offset):
         return None
     start = directory_end - directory_size - directory_offset
-    if start < 0 or count > max_records or directory_size > max_directory:
+    if start < 0 or count > max_records or directory_size > budget[0]:
         return None
+    budget[0] -= directory_size
     directory = _read(source, start + directory_offset, directory_size)
     if len(directory) != directory_size:
         return None
