@@ -22,18 +22,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
 import dedup_tensors as models  # noqa: E402
-from replicate import ROOT, delete_prefix, s3_client, setup_django  # noqa: E402
+from replicate import delete_prefix, end_bench, start_bench  # noqa: E402
 
 MiB = 1 << 20
 LAYOUTS = ("torch.save, one file", "HF Trainer folder", "DCP, 1 rank")
@@ -71,19 +68,11 @@ def main() -> int:
     )
     parser.add_argument("--bucket", default=f"bench-pieces-{uuid.uuid4().hex[:6]}")
     args = parser.parse_args()
-    (ROOT / "var").mkdir(exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-pieces-", dir=ROOT / "var"))
-    os.environ.setdefault("S3_ACCESS_KEY_ID", "bench")
-    os.environ.setdefault("S3_SECRET_ACCESS_KEY", "bench-secret")
-    os.environ["S3_ENDPOINT_URL"] = args.endpoint
-    os.environ.setdefault("LIFEBOAT_OUTBOUND_ALLOW", urlsplit(args.endpoint).netloc)
-    setup_django(work / "var")
+    work, client = start_bench("pieces", args.endpoint, args.bucket)
     from django.conf import settings
 
     from webapp.domain.models import Project, Run
 
-    client = s3_client(args.endpoint)
-    client.create_bucket(Bucket=args.bucket)
     project = Project.objects.create(slug="bench", name="bench", allowed_roots=[str(work)])
     rows, pretrained, step = [], None, 0
     try:
@@ -120,12 +109,7 @@ def main() -> int:
                       f"{t[1] / MiB:.1f} MiB by tensor; 2nd copy {f[0]:.2f} s / {t[0]:.2f} s, "
                       f"3rd {f[2]:.2f} s / {t[2]:.2f} s", flush=True)  # fmt: skip
     finally:
-        try:
-            delete_prefix(client, args.bucket, "")
-            client.delete_bucket(Bucket=args.bucket)
-        except Exception as exc:  # noqa: BLE001
-            print(f"(could not remove the bench bucket: {exc})")
-        shutil.rmtree(work, ignore_errors=True)
+        end_bench(work, client, args.bucket)
     head = ["case", "layout", "ckpt MiB", "3rd copy sent MiB, file (baseline)",
             "3rd copy sent MiB, tensor", "saving", "2nd copy s (1st cut), file / tensor",
             "3rd copy s, file / tensor"]  # fmt: skip

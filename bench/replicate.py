@@ -65,6 +65,33 @@ def setup_django(var: Path) -> None:
     call_command("migrate", verbosity=0)
 
 
+def start_bench(name: str, endpoint: str, bucket: str):
+    """A scratch folder under var/ with Django on a SQLite of its own, and the bench's
+    bucket on the S3 server at `endpoint`: (the folder, a boto3 client)."""
+    (ROOT / "var").mkdir(exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"lifeboat-bench-{name}-", dir=ROOT / "var"))
+    os.environ.setdefault("S3_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("S3_SECRET_ACCESS_KEY", "bench-secret")
+    os.environ["S3_ENDPOINT_URL"] = endpoint
+    # The targets made name this endpoint; the outbound policy refuses loopback and
+    # private endpoints unless the deployment allows them (webapp/domain/outbound.py).
+    os.environ.setdefault("LIFEBOAT_OUTBOUND_ALLOW", urlsplit(endpoint).netloc)
+    setup_django(work / "var")
+    client = s3_client(endpoint)
+    client.create_bucket(Bucket=bucket)
+    return work, client
+
+
+def end_bench(work: Path, client, bucket: str) -> None:
+    """Remove what start_bench made: the bucket and its objects, the scratch folder."""
+    try:
+        delete_prefix(client, bucket, "")
+        client.delete_bucket(Bucket=bucket)
+    except Exception as exc:  # noqa: BLE001
+        print(f"(could not remove the bench bucket: {exc})")
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def s3_client(endpoint: str):
     """A plain boto3 client of the bench's S3 server (the baselines' and the setup's), with
     connections enough for the baselines' threads."""
@@ -160,17 +187,7 @@ def main() -> int:
     if args.size_mib:
         args.shape, args.total = args.shape or ["single"], f"{args.size_mib}MiB"
     shapes = args.shape or ["hf8", "many_files"]
-    (ROOT / "var").mkdir(exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="lifeboat-bench-replicate-", dir=ROOT / "var"))
-    os.environ.setdefault("S3_ACCESS_KEY_ID", "bench")
-    os.environ.setdefault("S3_SECRET_ACCESS_KEY", "bench-secret")
-    os.environ["S3_ENDPOINT_URL"] = args.endpoint
-    # The targets made below name this endpoint; the outbound policy refuses loopback and
-    # private endpoints unless the deployment allows them (webapp/domain/outbound.py).
-    os.environ.setdefault("LIFEBOAT_OUTBOUND_ALLOW", urlsplit(args.endpoint).netloc)
-    setup_django(work / "var")
-    client = s3_client(args.endpoint)
-    client.create_bucket(Bucket=args.bucket)
+    work, client = start_bench("replicate", args.endpoint, args.bucket)
     try:
         for shape in shapes:
             total = corpus.parse_size(args.many_total if shape == "many_files" else args.total)
@@ -182,12 +199,7 @@ def main() -> int:
             report(shape, measure(args, client, location, files), files, args)
             shutil.rmtree(work / "trees" / shape, ignore_errors=True)
     finally:
-        try:
-            delete_prefix(client, args.bucket, "")
-            client.delete_bucket(Bucket=args.bucket)
-        except Exception as exc:  # noqa: BLE001
-            print(f"(could not remove the bench bucket: {exc})")
-        shutil.rmtree(work, ignore_errors=True)
+        end_bench(work, client, args.bucket)
     return 0
 
 
