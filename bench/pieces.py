@@ -38,6 +38,7 @@ LAYOUTS = ("torch.save, one file", "HF Trainer folder", "DCP, 1 rank")
 
 def copy(project, run, location: Path, bucket: str, endpoint: str, prefix: str, step: int):
     """Replicate one checkpoint folder now; (bytes sent, seconds)."""
+    # Django's models and tasks import only once start_bench has set Django up.
     from webapp.domain.models import Checkpoint, CheckpointFile, Replica, StorageTarget
     from workers.replicate import replicate
 
@@ -69,7 +70,7 @@ def main() -> int:
     parser.add_argument("--bucket", default=f"bench-pieces-{uuid.uuid4().hex[:6]}")
     args = parser.parse_args()
     work, client = start_bench("pieces", args.endpoint, args.bucket)
-    from django.conf import settings
+    from django.conf import settings  # set up by start_bench, just above
 
     from webapp.domain.models import Project, Run
 

@@ -15,9 +15,11 @@ import io
 import json
 import os
 import struct
+import warnings
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from django.db import connection
 
 from lifeboat.restore import fetch_replica
@@ -265,10 +267,6 @@ def test_a_damaged_or_missing_piece_fails_the_restore_naming_the_file(
 
 def dcp_save(state: dict, folder) -> dict[str, bytes]:
     """A DCP save of one rank (FSDP2's format): its files' bytes."""
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
         dcp.save(state, checkpoint_id=folder, no_dist=True)
