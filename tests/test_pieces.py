@@ -24,6 +24,7 @@ from django.db import connection
 
 from lifeboat.restore import fetch_replica
 from tests.support.replication import MiB, make_checkpoint, make_target, replicate_now
+from webapp.api.reads import CUT_REASON
 from webapp.domain.models import Checkpoint, Replica, RetentionPolicy
 from webapp.domain.replication import ledger, targets
 from webapp.domain.replication.restore import RestoreError, restore_replica
@@ -88,7 +89,10 @@ def test_the_next_checkpoint_of_a_frozen_model_sends_only_the_tensors_that_chang
     # The client's path: the API lists each piece's URL; the job's own download code.
     answer = api.get(read_token, f"/checkpoints/{step2.pk}").json()
     (listed,) = answer["replicas"][0]["files"]
-    assert listed["url"] is None and len(listed["pieces"]) == len(two.files[0]["pieces"])
+    assert len(listed["pieces"]) == len(two.files[0]["pieces"])
+    # A client from before pieces fetches `url`: it gets a 410 whose reason says why.
+    gone = api.get(None, listed["url"].removeprefix("http://testserver/api/v1"))
+    assert (gone.status_code, gone.reason_phrase) == (410, CUT_REASON)
     fetched = fetch_replica(answer, tmp_path / "client", show_progress=False)
     assert same_bytes(fetched / "model.pt", two_bytes)
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
+from django.urls import reverse
 from ninja import Router, Schema
 
 from webapp.api.auth import read_auth
-from webapp.api.errors import ApiError, ErrorOut
+from webapp.api.errors import ApiError, ErrorOut, error_response
 from webapp.api.lookups import checkpoint_in_project as _checkpoint
 from webapp.api.lookups import resume_in_project
 from webapp.api.lookups import run_in_project as _run
@@ -39,6 +40,9 @@ from webapp.domain.replication.restore import replica_files
 from webapp.domain.retention import policy as retention
 
 router = Router(tags=["runs and checkpoints"])
+
+# The status line's reason is what urllib (a client's download) puts in its error.
+CUT_REASON = "Gone: this file is stored in pieces; upgrade the lifeboat client to fetch it"
 
 
 class RunOut(Schema):
@@ -106,7 +110,9 @@ class ReplicaFileOut(Schema):
     path: str
     size: int
     sha256: str
-    # Absent for a file cut at tensor boundaries: its `pieces` instead.
+    # For a file cut at tensor boundaries, its bytes are at its `pieces`' URLs and `url`
+    # answers 410 with the reason (`cut_file` below), which a client from before pieces
+    # reports as a failed download instead of crashing on a missing URL.
     url: str | None = None
     # A small file sent in a pack (docs/replication.md): its `size` bytes from here on in
     # the object at `url`; absent for a file stored alone.
@@ -141,10 +147,16 @@ class ReplicaOut(Schema):
         return replica.progress()
 
     @staticmethod
-    def resolve_files(replica):
+    def resolve_files(replica, context):
         if replica.status != ReplicaStatus.VERIFIED:
             return None
-        return replica_files(replica)
+        files = replica_files(replica)
+        if any("pieces" in one for one in files):
+            cut = context["request"].build_absolute_uri(reverse("api:cut_file"))
+            for one in files:
+                if "pieces" in one:
+                    one["url"] = cut
+        return files
 
     @staticmethod
     def resolve_target(replica) -> str:
@@ -452,3 +464,15 @@ def retention_plan(request, run: RunKeyQuery = None, offset: Offset = 0, limit: 
 
     run_row = _run(request, run) if run else None
     return retention.dry_run_page(request.auth.project, run_row, offset, limit)
+
+
+@router.get("/files/cut", auth=None, include_in_schema=False, url_name="cut_file")
+def cut_file(request):
+    """The `url` of a file stored in pieces: its bytes are at the pieces' URLs, which a
+    client from before pieces does not read. It says so, to anyone (it holds nothing)."""
+    answer = error_response(
+        410, "this file is stored in pieces (its `pieces` list their URLs), which this "
+        "client does not read: upgrade the lifeboat client to the server's release",
+    )  # fmt: skip
+    answer.reason_phrase = CUT_REASON
+    return answer
