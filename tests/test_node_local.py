@@ -11,6 +11,7 @@ PostgreSQL (or SQLite), Redis, S3 and workers; nothing stands in for the thing u
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -23,7 +24,8 @@ import pytest
 from bench import corpus as corpus_writer
 from tests.support.celery_workers import start_worker, stop_worker
 from tests.support.servers import ROOT, wait_for
-from webapp.domain.models import Checkpoint, Event, ValidationPart
+from webapp.domain.models import Checkpoint, Event, Replica, StorageTarget, ValidationPart
+from webapp.domain.replication.restore import restore_replica
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -86,7 +88,8 @@ def spread(cluster, dcp_files: Path, step: int) -> str:
     return location
 
 
-def report_parts(api, token, dcp_files: Path, location: str, step: int) -> None:
+def report_parts(api, token, dcp_files: Path, location: str, step: int, extra=None) -> None:
+    """Each rank's part; `extra`: {rank: [file entries]} it reports besides its shard."""
     files = {f["path"]: f for f in corpus_writer.manifest(dcp_files)}
     events = []
     for rank in range(RANKS):
@@ -100,7 +103,7 @@ def report_parts(api, token, dcp_files: Path, location: str, step: int) -> None:
                 "step": step,
                 "location": location,
                 "format": "dcp",
-                "files": [files[n] for n in names],
+                "files": [files[n] for n in names] + (extra or {}).get(rank, []),
                 "part": {"rank": rank, "world_size": RANKS, "host": host_of(rank)},
             }
         )
@@ -263,6 +266,56 @@ def test_each_host_sends_and_later_deletes_its_own_share(
         assert not (disk / "run-1" / "step-4").exists(), host
         assert (disk / "run-1" / "step-5").exists(), host
     assert Checkpoint.objects.get(step=5).status == "verified"
+
+
+def test_each_hosts_small_files_go_in_packs_of_its_own(
+    api, token, node_local, cluster, dcp_files, s3, tmp_path
+):
+    """40 small files a rank (its RNG and data-loader states, say): each host's leg packs
+    its own, the row names where every file is, and the copy restores byte for byte."""
+    target = StorageTarget.objects.create(
+        project=node_local, name="packs", bucket=s3.bucket, prefix="node-packs",
+        endpoint_url=s3.endpoint,
+    )  # fmt: skip
+    step, small = 6, {}
+    location = spread(cluster, dcp_files, step)
+    for rank in range(RANKS):
+        folder = cluster["disks"][host_of(rank)] / "run-1" / f"step-{step}" / f"rank-{rank}"
+        folder.mkdir()
+        small[rank] = []
+        for i in range(40):
+            body = os.urandom(1000 + i)
+            (folder / f"state-{i}.bin").write_bytes(body)
+            small[rank].append({
+                "path": f"rank-{rank}/state-{i}.bin", "size": len(body),
+                "sha256": hashlib.sha256(body).hexdigest(),
+            })  # fmt: skip
+    report_parts(api, token, dcp_files, location, step, extra=small)
+    assert settled(step).status == "verified"
+
+    def copied():
+        replica = Replica.objects.filter(checkpoint__step=step, target=target).first()
+        return replica if replica and replica.is_final else None
+
+    replica = wait_for(copied, 90, 0.3)
+    assert replica.status == "verified", replica.last_error
+    entries = {e["path"]: e for e in replica.files}
+    packs_of = {host: set() for host in HOSTS}
+    for rank, listed in small.items():
+        for f in listed:
+            assert "offset" in entries[f["path"]], entries[f["path"]]  # in a pack
+            packs_of[host_of(rank)].add(entries[f["path"]]["key"])
+    # Each host packed its own files: no pack holds two hosts' files.
+    for host in HOSTS:
+        assert packs_of[host] and all(
+            not packs_of[host] & packs_of[other] for other in HOSTS if other != host
+        ), packs_of
+    restored = restore_replica(replica, tmp_path / "restored")
+    assert len(restored) == len(replica.files)
+    for listed in small.values():
+        for f in listed:
+            body = (tmp_path / "restored" / f["path"]).read_bytes()
+            assert hashlib.sha256(body).hexdigest() == f["sha256"]
 
 
 # A rank of a torchrun job on "its host": in a mount namespace of its own where the

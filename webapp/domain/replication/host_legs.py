@@ -4,10 +4,10 @@ A node-local checkpoint's files are on its hosts' own disks (validation/node_loc
 so no one worker can read them all. A claimed replica of one is split into legs, one per
 host, each a task on that host's queue `replicate.<host>` that sends the files of the
 ranks that ran there (the same fanout.send_files as any replica: content-addressed
-objects, a file already on the target is not sent again). The legs run at once, on their
-hosts. When the last is done, a task on the plain `replicate` queue confirms every
-object with a HEAD and writes the manifest, last, as for any replica: a manifest on the
-target still means a complete copy.
+objects, a file already on the target is not sent again; the host's small files go in
+packs of its own, packs.py). The legs run at once, on their hosts. When the last is done,
+a task on the plain `replicate` queue confirms every object with a HEAD and writes the
+manifest, last, as for any replica: a manifest on the target still means a complete copy.
 
 Each leg renews the replica's lease as it sends, and writes its open multipart uploads
 into the replica's `uploads` beside the other legs' (under the row lock), so the next
@@ -33,16 +33,19 @@ from webapp.domain import publish
 from webapp.domain.locks import for_update
 from webapp.domain.models import Replica
 from webapp.domain.models.recovery import ReplicaStatus
-from webapp.domain.replication import fanout, targets
+from webapp.domain.replication import fanout, packs, targets
+from webapp.domain.replication.objects import objects_of
 from webapp.domain.replication.replicate import (
+    DEDUP_LOOKBACK,
     Claim,
     abort_stale_uploads,
-    on_target,
+    on_target_all,
     owned_lock,
     record_verified,
     send_entries,
     write_manifest,
 )
+from webapp.domain.replication.sources import sources
 
 
 def queue_for(host: str) -> str:
@@ -137,12 +140,38 @@ def send_leg(claimed: Claim, host: str) -> str:
         return "sent"
     mine = host_of_files(replica.checkpoint)
     entries = [e for e in replica.files if mine.get(e["path"]) == host]
+    client = targets.client_for(replica.target)
+    packed, alone = packs.split(entries)
     progress = LegProgress(replica.pk)
     try:
-        send_entries(targets.client_for(replica.target), replica, claimed, entries, progress)
+        if packed:  # this host's small files, in packs of its own
+            with sources(replica.checkpoint) as open_source:
+                packs.send(
+                    client, replica, packed, open_source, progress, DEDUP_LOOKBACK,
+                    record=lambda: _record_entries(claimed, packed),
+                )  # fmt: skip
+        send_entries(client, replica, claimed, alone, progress)
+    except Superseded:
+        return "superseded"
     finally:
         progress.flush()
     return "sent"
+
+
+class Superseded(Exception):
+    """A later attempt owns the replica: this leg stops before it sends another pack."""
+
+
+def _record_entries(claimed: Claim, entries: list[dict]) -> None:
+    """Write this leg's entries (where its packs put its files) into the replica's
+    `files`, under the row lock: the other hosts' legs write theirs into the same list."""
+    by_path = {e["path"]: e for e in entries}
+    with transaction.atomic():
+        row = owned_lock(claimed)
+        if row is None:
+            raise Superseded
+        row.files = [by_path.get(e["path"], e) for e in row.files]
+        row.save(update_fields=["files"])
 
 
 def leg_done(claimed: Claim, host: str) -> None:
@@ -172,9 +201,13 @@ def finish(claimed: Claim) -> str:
     if not replica.legs or any(state != "done" for state in replica.legs.values()):
         return "waiting"
     client, bucket = targets.client_for(replica.target), replica.target.bucket
-    for entry in replica.files:
-        if not on_target(client, bucket, entry["key"], entry["sha256"], entry["size"]):
-            raise ConnectionError(f"{entry['path']} is not on the target after its host sent it")
+    # Every object the replica names, each once: a file's own, or the pack that holds it
+    # (a content address: its name is its sha256).
+    named = {key: (size, e["path"]) for e in replica.files for key, size in objects_of(e)}
+    looks = [(key, key.rsplit("/", 1)[-1], size, path) for key, (size, path) in named.items()]
+    for (*_, path), there in zip(looks, on_target_all(client, bucket, looks), strict=True):
+        if not there:
+            raise ConnectionError(f"{path} is not on the target after its host sent it")
     manifest_key = write_manifest(client, replica.target, replica.checkpoint, replica)
     with transaction.atomic():
         locked = for_update(Replica.objects).get(pk=replica.pk)

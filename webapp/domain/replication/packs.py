@@ -84,10 +84,19 @@ def _read_checked(open_source, entry: dict) -> bytes:
     return data
 
 
-def send(client, replica, entries: list[dict], open_source, progress, lookback: int) -> dict:
+def send(
+    client, replica, entries: list[dict], open_source, progress, lookback: int, record=None
+) -> dict:
     """Send `entries` (small files of the replica) in packs, reusing the packs of earlier
     copies for files they hold; fills each entry's key, offset and object_size in place.
-    Returns {"packs": sent, "reused": files not sent, "reused_keys": packs to confirm}."""
+    `record()` writes them to the replica's row (by default its whole `files`; a host's
+    leg merges its own entries, host_legs.py). Returns {"packs": sent, "reused": files
+    not sent, "reused_keys": packs to confirm}."""
+
+    def write_whole() -> None:
+        Replica.objects.filter(pk=replica.pk).update(files=replica.files)
+
+    record = record or write_whole
 
     target, bucket = replica.target, replica.target.bucket
     known = known_locations(replica, lookback)
@@ -105,7 +114,7 @@ def send(client, replica, entries: list[dict], open_source, progress, lookback: 
         # The row names the packs it points into before they are looked at again (a
         # HEAD in replicate.send): what a restore reads, retention keeps, and the
         # deleter's second look finds, even when no new pack follows.
-        Replica.objects.filter(pk=replica.pk).update(files=replica.files)
+        record()
     limit = settings.REPLICATION_PART_SIZE  # a pack is one PUT
     throttle = Throttle(settings.REPLICATION_MAX_BYTES_PER_S)
     sent = 0
@@ -122,7 +131,7 @@ def send(client, replica, entries: list[dict], open_source, progress, lookback: 
         for entry in group:
             entry["key"], entry["object_size"] = key, len(body)
         # The row names the pack before it is sent (a crash leaves no orphan).
-        Replica.objects.filter(pk=replica.pk).update(files=replica.files)
+        record()
         upload(
             client, bucket, key, io.BytesIO(body), name=f"pack of {len(group)} files",
             size=len(body), sha256=sha, part_size=max(limit, len(body)),

@@ -142,7 +142,7 @@ def on_target(client, bucket: str, key: str, sha256: str, size: int) -> bool:
     return head.get("Metadata", {}).get("sha256") == sha256 and head["ContentLength"] == size
 
 
-def _on_target_all(client, bucket: str, looks: list[tuple]) -> list[bool]:
+def on_target_all(client, bucket: str, looks: list[tuple]) -> list[bool]:
     """on_target for each (key, sha256, size, name), LOOKS_AT_ONCE at a time: a copy that
     points into hundreds of pieces of earlier copies waits for one round trip, not for
     hundreds one after the other."""
@@ -300,7 +300,7 @@ def send(claimed: Claim) -> dict:
     looks = [(key, key.rsplit("/", 1)[-1], size, f"the object {key} of an earlier copy")
              for key, size in reused.items()]  # fmt: skip
     looks += [(e["key"], e["sha256"], e["size"], e["path"]) for e in skipped]
-    for (*_, name), there in zip(looks, _on_target_all(client, bucket, looks), strict=True):
+    for (*_, name), there in zip(looks, on_target_all(client, bucket, looks), strict=True):
         if not there:
             raise ConnectionError(f"{name} is not on the target")
 
