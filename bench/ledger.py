@@ -9,10 +9,12 @@ stored once) and a model file of its own. Then it times, each --repeat times:
 
 * `ledger.snapshot(project)`: the worker's pass (every STORAGE_LEDGER_S), which reads
   every replica of each target once and writes the history rows that the storage page,
-  the API and the Prometheus gauges read;
-* `ledger.run_checkpoints(project, run)`: what each checkpoint of the big run added, the
-  answer of `GET /api/v1/storage?run=<key>` (it computes the target's whole ledger on
-  each request);
+  the API and the Prometheus gauges read, and each copy's added bytes where they changed:
+  once as the first pass (every replica's figure written; `added_bytes` is cleared
+  first), then as the passes after it (nothing changed, nothing written);
+* `ledger.run_checkpoints(project, run)`: what each checkpoint of a run added, the
+  answer of `GET /api/v1/storage?run=<key>`, for the big run (100,000 checkpoints) and
+  for a run of 100;
 
 and, as baselines in the same run over the same rows: PostgreSQL summing the replicas'
 bytes (`SELECT count(*), sum(bytes_total)`: the least a pass over them costs, and what
@@ -151,13 +153,23 @@ def main() -> None:
     def read_files():
         return sum(1 for _ in ledger.billed_copies(target).values_list("files").iterator(2000))
 
+    small_run = Run.objects.get(project=project, key="run-00001")
+    Replica.objects.filter(target=target).update(added_bytes=None)
     rows = [
         ("baseline: SELECT count(*), sum(bytes_total)", *timed(sql_sum, args.repeat)),
         ("baseline: read every replica's files", *timed(read_files, args.repeat)),
-        ("ledger.snapshot(project)", *timed(lambda: ledger.snapshot(project), args.repeat)),
+        ("ledger.snapshot(project), first pass", *timed(lambda: ledger.snapshot(project), 1)),
         (
-            "ledger.run_checkpoints(project, big run)",
+            "ledger.snapshot(project), next passes",
+            *timed(lambda: ledger.snapshot(project), args.repeat),
+        ),
+        (
+            "ledger.run_checkpoints, 100,000 checkpoints",
             *timed(lambda: ledger.run_checkpoints(project, big_run), args.repeat),
+        ),
+        (
+            f"ledger.run_checkpoints, {small_run.checkpoints.count()} checkpoints",
+            *timed(lambda: ledger.run_checkpoints(project, small_run), args.repeat),
         ),
     ]
     print(f"{replicas:,} replicas on one target, {args.repeat} runs each (median, max):")

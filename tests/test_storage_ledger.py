@@ -71,6 +71,21 @@ def test_what_retention_would_free_is_what_it_frees(project, three):
     assert after["freed_bytes"] == after["freed_bytes_30d"] == MODELS[1] + MODELS[2]
     assert after["stored_bytes"] == TOKENIZER + MODELS[3]
     assert after["would_free_bytes"] == 0 and after["saved_bytes"] == 0
+    # The tokenizer, first named by step 1, is now what step 3 added.
+    (kept,) = ledger.run_checkpoints(project, project.runs.get(key="run-1"))
+    assert (kept["step"], kept["added_bytes"]) == (3, TOKENIZER + MODELS[3])
+
+
+def test_a_runs_breakdown_reads_what_the_last_pass_recorded(project, root, three):
+    """The per-checkpoint figures are written by the pass, so a request reads its run's
+    rows only; a copy made since the pass is shown as not yet counted."""
+    ledger.snapshot(project)
+    run = project.runs.get(key="run-1")
+    replicate_now(make_checkpoint(project, root, 4, {"model.pt": os.urandom(50_000)}))
+    added = {row["step"]: row["added_bytes"] for row in ledger.run_checkpoints(project, run)}
+    assert added == {1: TOKENIZER + MODELS[1], 2: MODELS[2], 3: MODELS[3], 4: None}
+    ledger.snapshot(project)
+    assert ledger.run_checkpoints(project, run)[-1]["added_bytes"] == 50_000
 
 
 def test_the_page_the_api_and_the_gauges(project, three, viewer, api, read_token, client, settings):

@@ -178,7 +178,8 @@ class CheckpointStoredOut(Schema):
     step: int
     checkpoint: int
     logical_bytes: int
-    added_bytes: int
+    # What it added, as of the ledger's last pass; None for a copy made since.
+    added_bytes: int | None
 
 
 class LedgerOut(Schema):
@@ -197,7 +198,7 @@ def storage_ledger(request, run: RunKeyQuery = None, limit: Limit = 20):
     """The project's storage ledger as of the workers' newest pass (`taken_at`; every
     STORAGE_LEDGER_S): each target (each object counted once, `logical_bytes` each copy
     whole), the local copies, the `limit` runs that store most; with `run`, what each of
-    its checkpoints added (computed now: a pass over the target's replicas)."""
+    its checkpoints added, as of the same pass (None for a copy made since)."""
     project = request.auth.project
     answer = ledger.latest(project, runs_limit=limit)
     if run is not None:

@@ -172,6 +172,9 @@ class Replica(models.Model):
     # Bytes of the objects its deletion removed and proved gone (shared objects another
     # replica names stay, and are not counted): what retention freed.
     freed_bytes = models.BigIntegerField(default=0)
+    # Bytes of the objects this copy was the first to name on its target, as of the storage
+    # ledger's last pass (ledger.py): what it added. None until a pass has counted it.
+    added_bytes = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
