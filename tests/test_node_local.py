@@ -20,9 +20,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import corpus as corpus_writer
 from tests.support.celery_workers import start_worker, stop_worker
+from tests.support.checkpoint_files import write_safetensors
 from tests.support.servers import ROOT, wait_for
 from webapp.domain.models import Checkpoint, Event, Replica, StorageTarget, ValidationPart
 from webapp.domain.replication.restore import restore_replica
@@ -59,6 +61,8 @@ def cluster(tmp_path_factory, worker_env, dcp_files, s3_server):
         "S3_ENDPOINT_URL": s3_server.endpoint,
         "S3_ACCESS_KEY_ID": s3_server.key,
         "S3_SECRET_ACCESS_KEY": s3_server.secret,
+        # Files of 2 MiB and more are cut at their tensors (the DCP shards here are 1 MiB).
+        "REPLICATION_PIECES_ABOVE": str(2 << 20),
     }
     shared = base / "ckpt"
     shared.mkdir()
@@ -316,6 +320,47 @@ def test_each_hosts_small_files_go_in_packs_of_its_own(
         for f in listed:
             body = (tmp_path / "restored" / f["path"]).read_bytes()
             assert hashlib.sha256(body).hexdigest() == f["sha256"]
+
+
+def test_each_hosts_large_files_are_cut_at_their_tensors(
+    api, token, node_local, cluster, dcp_files, s3, tmp_path
+):
+    """A safetensors file a rank whose tensors stay but one (fine-tuning a frozen base):
+    each host's leg cuts its own files, and the third copy sends only what changed (the
+    run's first copy is whole, the second cuts to find out what cutting saves)."""
+    target = StorageTarget.objects.create(
+        project=node_local, name="cut", bucket=s3.bucket, prefix="node-cut",
+        endpoint_url=s3.endpoint,
+    )  # fmt: skip
+    base = {f"layer{i}": torch.full((128 * 1024,), float(i)) for i in range(6)}  # 512 KiB each
+    written = {}
+    for step in (7, 8, 9):
+        location = spread(cluster, dcp_files, step)
+        extra = {}
+        for rank in range(RANKS):
+            path = cluster["disks"][host_of(rank)] / "run-1" / f"step-{step}" / f"{rank}.st"
+            head = torch.full((128 * 1024,), float(step * 10 + rank))
+            write_safetensors(path, {**base, "head": head})
+            written[step, rank] = body = path.read_bytes()
+            digest = hashlib.sha256(body).hexdigest()
+            extra[rank] = [{"path": path.name, "size": len(body), "sha256": digest}]
+        report_parts(api, token, dcp_files, location, step, extra=extra)
+        assert settled(step).status == "verified"
+
+    def copied(step):
+        replica = Replica.objects.filter(checkpoint__step=step, target=target).first()
+        return replica if replica and replica.is_final else None
+
+    for step in (7, 8, 9):
+        replica = wait_for(lambda step=step: copied(step), 90, 0.3)
+        assert replica.status == "verified", replica.last_error
+    large = [e for e in replica.files if e["path"].endswith(".st")]
+    assert len(large) == RANKS and all("pieces" in e for e in large), large
+    # Only each rank's changed tensor was sent: 4 of 28 tensors' bytes, and the metadata.
+    assert replica.bytes_sent < sum(e["size"] for e in large) / 4, replica.bytes_sent
+    restore_replica(replica, tmp_path / "restored")
+    for rank in range(RANKS):
+        assert (tmp_path / "restored" / f"{rank}.st").read_bytes() == written[9, rank]
 
 
 # A rank of a torchrun job on "its host": in a mount namespace of its own where the

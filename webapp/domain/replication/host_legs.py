@@ -5,9 +5,10 @@ so no one worker can read them all. A claimed replica of one is split into legs,
 host, each a task on that host's queue `replicate.<host>` that sends the files of the
 ranks that ran there (the same fanout.send_files as any replica: content-addressed
 objects, a file already on the target is not sent again; the host's small files go in
-packs of its own, packs.py). The legs run at once, on their hosts. When the last is done,
-a task on the plain `replicate` queue confirms every object with a HEAD and writes the
-manifest, last, as for any replica: a manifest on the target still means a complete copy.
+packs of its own, packs.py, and its large files are cut at their tensors, pieces.py). The
+legs run at once, on their hosts. When the last is done, a task on the plain `replicate`
+queue confirms every object with a HEAD and writes the manifest, last, as for any
+replica: a manifest on the target still means a complete copy.
 
 Each leg renews the replica's lease as it sends, and writes its open multipart uploads
 into the replica's `uploads` beside the other legs' (under the row lock), so the next
@@ -33,7 +34,7 @@ from webapp.domain import publish
 from webapp.domain.locks import for_update
 from webapp.domain.models import Replica
 from webapp.domain.models.recovery import ReplicaStatus
-from webapp.domain.replication import fanout, packs, targets
+from webapp.domain.replication import fanout, packs, pieces, targets
 from webapp.domain.replication.objects import objects_of
 from webapp.domain.replication.replicate import (
     DEDUP_LOOKBACK,
@@ -142,14 +143,28 @@ def send_leg(claimed: Claim, host: str) -> str:
     entries = [e for e in replica.files if mine.get(e["path"]) == host]
     client = targets.client_for(replica.target)
     packed, alone = packs.split(entries)
+
+    def earlier():
+        return packs.earlier_files(replica, DEDUP_LOOKBACK)
+
+    cut, alone = pieces.split(alone, replica.checkpoint.location, earlier)
     progress = LegProgress(replica.pk)
     try:
-        if packed:  # this host's small files, in packs of its own
-            with sources(replica.checkpoint) as open_source:
+        with sources(replica.checkpoint) as open_source:
+            if packed:  # this host's small files, in packs of its own
                 packs.send(
                     client, replica, packed, open_source, progress, DEDUP_LOOKBACK,
                     record=lambda: _record_entries(claimed, packed),
                 )  # fmt: skip
+            if cut:  # its large files, at their tensors' boundaries
+                recent = list(earlier())
+                cut_now = pieces.plan(
+                    replica, cut, open_source, progress, recent,
+                    record=lambda: _record_entries(claimed, cut),
+                )  # fmt: skip
+                pieces.send(client, replica, cut_now, open_source, progress, recent)
+                cut_ids = {id(e) for e in cut_now}
+                alone += [e for e in cut if id(e) not in cut_ids]  # no tensors found: whole
         send_entries(client, replica, claimed, alone, progress)
     except Superseded:
         return "superseded"

@@ -187,10 +187,14 @@ def _hash_pieces(source, entry: dict, cut: list[tuple[int, int]], progress) -> l
     return [{"size": n, "sha256": sha} for n, sha in hashes]
 
 
-def plan(replica, entries: list[dict], open_source, progress, earlier: list) -> list[dict]:
+def plan(
+    replica, entries: list[dict], open_source, progress, earlier: list, record=None
+) -> list[dict]:
     """Cut each entry where its header says; fills `pieces` (and drops the whole
     file's `key`) of those cut in more than one piece, and `reused`, the bytes of its
-    pieces `earlier` copies name (what worth_cutting reads). Returns the entries cut."""
+    pieces `earlier` copies name (what worth_cutting reads). `record()` writes them to
+    the replica's row (by default its whole `files`; a host's leg merges its own,
+    host_legs.py). Returns the entries cut."""
     target = replica.target
     known = set().union(*(keys_of(files) for files in earlier))
     limit = settings.REPLICATION_PART_SIZE
@@ -211,7 +215,10 @@ def plan(replica, entries: list[dict], open_source, progress, earlier: list) -> 
         cut_entries.append(entry)
     if cut_entries:
         # The row names every piece before any is sent or looked at (see above).
-        Replica.objects.filter(pk=replica.pk).update(files=replica.files)
+        if record is None:
+            Replica.objects.filter(pk=replica.pk).update(files=replica.files)
+        else:
+            record()
     return cut_entries
 
 
