@@ -1,66 +1,29 @@
 """The load check in parts (inspect_parts). A DCP checkpoint's shards are split between
 parts, each part scans the chunks its shards hold, and the merged result reads as one
 child's. The checkpoint is a real 2-rank save (gloo), each tensor sharded on dim 0 so
-that its chunks sit in both ranks' shards; the parts run the child's own function in
-this process, as each limited child would."""
+that its chunks sit in both ranks' shards (its tensors: parts_state() in
+tests/support/dcp_ranks.py); the parts run the child's own function in this process, as
+each limited child would."""
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 
+from tests.support.dcp_ranks import parts_dcp
 from webapp.domain.validation import inspect_child
 from webapp.domain.validation.inspect_parts import merge_parts, split
 
 SHARDS = ["__0_0.distcp", "__1_0.distcp"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank(rank: int, port: int, folder: str) -> None:
-    import torch
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        mesh = init_device_mesh("cpu", (2,))
-        plain = torch.arange(1.0, 33.0).view(4, 8)
-        zero_in_one = plain.clone()
-        zero_in_one[:2] = 0  # rank 0's half is zero, rank 1's is not
-        nan_in_both = plain.clone()
-        nan_in_both[0, 0] = nan_in_both[3, 7] = math.nan  # one NaN in each half
-        tensors = {
-            "plain": plain,
-            "zero_in_one": zero_in_one,
-            "zero_everywhere": torch.zeros(4, 8),
-            "nan_in_both": nan_in_both,
-        }
-        state = {name: distribute_tensor(t, mesh, [Shard(0)]) for name, t in tensors.items()}
-        dcp.save({"model": state}, checkpoint_id=folder)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
-    import torch.multiprocessing as mp
-
-    folder = tmp_path_factory.mktemp("dcp2") / "ckpt"
-    mp.spawn(_rank, args=(_free_port(), str(folder)), nprocs=2, join=True)
+    """dcp_ranks.parts_state() saved by 2 ranks (tests/support/dcp_ranks.py)."""
+    folder = parts_dcp(tmp_path_factory.mktemp("dcp2") / "ckpt")
     assert sorted(p.name for p in folder.iterdir()) == [".metadata", *SHARDS]
     return folder
 
