@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from django.db import connection
 from django.test.utils import setup_databases, teardown_databases
 from pytest_django.fixtures import _disable_migrations, _get_databases_for_setup
@@ -100,7 +101,12 @@ def teardown(request, shared: Path | None, made: tuple) -> None:
     the lock, so that no process copies it meanwhile (one that sets up later finds no
     template and migrates a database of its own)."""
     databases, template = made
-    teardown_databases(databases, verbosity=request.config.option.verbose)
+    try:
+        teardown_databases(databases, verbosity=request.config.option.verbose)
+    except Exception as exc:  # noqa: BLE001 (as pytest-django's own teardown: a warning)
+        # A process a test started may still hold a session on the database: the next
+        # session's setup drops and makes it again.
+        request.node.warn(pytest.PytestWarning(f"could not drop the test database: {exc!r}"))
     if template is None:
         return
     with file_lock(shared / LOCK_FILE):
