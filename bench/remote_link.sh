@@ -17,8 +17,13 @@ weed=$(dirname "$0")/../.venv/bin/weed
 data=""
 
 cleanup() {
+  # Whatever runs in the namespace, then anything left there after 5 s.
   ip netns pids "$ns" 2>/dev/null | xargs -r kill 2>/dev/null || true
-  sleep 1
+  for _ in 1 2 3 4 5; do
+    [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] && break
+    sleep 1
+  done
+  ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
   ip link del "$near" 2>/dev/null || true
   ip netns del "$ns" 2>/dev/null || true
   [ -z "$data" ] || { cp "$data/weed.log" /tmp/remote_link_weed.log 2>/dev/null; rm -rf "$data"; }

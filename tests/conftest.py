@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-import gc
 import os
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.support import database
 from tests.support.api_client import Api
 from tests.support.celery_workers import start_worker, stop_worker
 from tests.support.people import member
@@ -28,33 +26,6 @@ pytest_plugins = [
     "tests.support.slurm",
     "tests.support.webhooks",
 ]
-
-
-@pytest.fixture(scope="session")
-def django_db_setup(
-    request,
-    django_test_environment,
-    django_db_blocker,
-    django_db_use_migrations,
-    django_db_keepdb,
-    django_db_createdb,
-    django_db_modify_db_settings,
-    tmp_path_factory,
-    worker_id,
-):
-    """pytest-django's, with the database migrated once per session and emptied by DELETE
-    after a transactional test (tests/support/database.py says why). It asks for the same
-    fixtures as pytest-django's: django_test_environment and django_db_modify_db_settings
-    for what they set up (the test settings, each parallel process's database name)."""
-    # The folder all parallel processes of this session share (as s3_server's).
-    shared = None if worker_id == "master" else tmp_path_factory.getbasetemp().parent
-    keepdb = django_db_keepdb and not django_db_createdb
-    with django_db_blocker.unblock():
-        made = database.setup(request, shared, django_db_use_migrations, keepdb)
-    yield
-    if not django_db_keepdb:
-        with django_db_blocker.unblock():
-            database.teardown(request, shared, made)
 
 
 @pytest.fixture
@@ -296,13 +267,3 @@ def pytest_collection_modifyitems(config, items):
         slow = {"worker", "browser"} & {m.name for m in item.iter_markers()}
         if slow or STACK_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.stack)
-
-
-def pytest_collection_finish(session):
-    """Everything the test modules imported (torch, Django: over a million objects) lives
-    as long as the test process: frozen out of the collector's sight, as in the inspection
-    helper (webapp/domain/validation/sandbox.py), each full collection skips it. The
-    inspection that tests run in this process collects after every torch file
-    (webapp/domain/formats/torch_save.py): 0.25 s each without this, microseconds with."""
-    gc.collect()
-    gc.freeze()
