@@ -32,18 +32,19 @@ run: $(STAMP)
 # spends much of its time waiting for a server or worker process it started (TEST_JOBS=0:
 # one process). Each takes whole test modules (--dist loadscope), so that a module's
 # fixture (a trained checkpoint, a sharded save) is built once, the longest modules first
-# (tests/support/module_order.py). --no-loadscope-reorder keeps that order: by default
-# pytest-xdist sorts the modules by their number of tests instead, which sent the longest
-# ones (few tests, each slow) to the end, where they ran on after the others had finished.
+# (tests/support/module_order.py). In the quick tier --no-loadscope-reorder keeps that
+# order: by default pytest-xdist sorts the modules by their number of tests instead, which
+# sent its longest ones (few tests, each slow) to the end, where they ran on after the
+# others had finished.
 TEST_JOBS ?= $(shell $(PYTHON) -c "import os; print(min(len(os.sched_getaffinity(0)) + 1, 8))")
-XDIST := -n $(TEST_JOBS) --dist loadscope --no-loadscope-reorder
+XDIST := -n $(TEST_JOBS) --dist loadscope
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # The tests that need no server, worker, object store, browser or Slurm (-m "not stack").
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest $(XDIST) -m "not stack" -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) --no-loadscope-reorder -m "not stack" -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
