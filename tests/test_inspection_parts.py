@@ -8,6 +8,7 @@ each limited child would."""
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from tests.support.dcp_ranks import parts_dcp
 from webapp.domain.validation import inspect_child
 from webapp.domain.validation.inspect_parts import merge_parts, split
+from webapp.domain.validation.sandbox import child_env
 
 SHARDS = ["__0_0.distcp", "__1_0.distcp"]
 
@@ -124,8 +126,6 @@ def test_a_shard_cut_after_the_metadata_part_ran_is_named_not_skipped(saved, tmp
 
 
 def test_unsafe_metadata_is_named_once_and_no_part_scans_by_it(saved, tmp_path):
-    import pickle
-
     folder = Path(shutil.copytree(saved, tmp_path / "ckpt"))
     (folder / ".metadata").write_bytes(pickle.dumps(os.system, protocol=4))
 
@@ -153,8 +153,6 @@ def test_each_part_scans_the_chunks_of_its_own_shards_only(saved):
 def test_inspection_children_sleep_rather_than_spin_when_idle(monkeypatch):
     """Parts and workers on one host share its cores: spinning OpenMP threads of one
     child would steal the others' time (an 8 GiB DCP scan took 13x longer)."""
-    from webapp.domain.validation.sandbox import child_env
-
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     assert child_env()["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # a deployment's own choice is kept

@@ -12,6 +12,7 @@ PostgreSQL (or SQLite), Redis, S3 and workers; nothing stands in for the thing u
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -19,15 +20,27 @@ import sys
 import time
 from pathlib import Path
 
+import boto3
 import pytest
 import torch
 
 from bench import corpus as corpus_writer
 from tests.support.celery_workers import start_worker, stop_worker
 from tests.support.checkpoint_files import write_safetensors
+from tests.support.client_scripts import RestartableServer
 from tests.support.servers import ROOT, wait_for
-from webapp.domain.models import Checkpoint, Event, Replica, StorageTarget, ValidationPart
+from webapp.domain.health import live_workers, problems
+from webapp.domain.models import (
+    Checkpoint,
+    Event,
+    Replica,
+    RetentionPolicy,
+    StorageTarget,
+    Validation,
+    ValidationPart,
+)
 from webapp.domain.replication.restore import restore_replica
+from webapp.domain.retention import policy as retention
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -131,8 +144,6 @@ def settled(step: int, timeout: float = 90) -> Checkpoint:
     try:
         return wait_for(done, timeout, interval=0.3)
     except AssertionError:
-        from webapp.domain.models import Validation
-
         parts = ValidationPart.objects.values("index", "host", "status", "finished_at", "result")
         checks = Validation.objects.values("status", "message", "finished_at", "files_total")
         raise AssertionError(f"not settled: {list(checks)} {list(parts)}"[:3000]) from None
@@ -179,8 +190,6 @@ def test_a_damaged_shard_on_one_host_is_named_with_its_host(
 def test_a_host_without_a_worker_is_a_problem_until_one_starts(
     api, token, node_local, cluster, dcp_files, settings, client, viewer
 ):
-    from webapp.domain.health import live_workers, problems
-
     settings.SWEEP_LOST_AFTER_S = 1
     stop_worker(cluster["workers"]["node-1"])
     location = spread(cluster, dcp_files, step=3)
@@ -222,13 +231,6 @@ def test_a_host_without_a_worker_is_a_problem_until_one_starts(
 def test_each_host_sends_and_later_deletes_its_own_share(
     api, token, node_local, cluster, dcp_files, s3
 ):
-    import json
-
-    import boto3
-
-    from webapp.domain.models import Replica, RetentionPolicy, StorageTarget
-    from webapp.domain.retention import policy as retention
-
     StorageTarget.objects.create(
         project=node_local, name="main", bucket=s3.bucket, prefix="node-local",
         endpoint_url=s3.endpoint,
@@ -379,8 +381,6 @@ def test_an_8_rank_torchrun_job_on_3_hosts_is_checked_where_each_part_is(
     """The whole path: FSDP with DCP under torchrun, 8 ranks (gloo), each rank in its
     host's namespace writing to that host's disk and reporting its own part
     (--report-parts); every part checked on its host."""
-    from tests.support.client_scripts import RestartableServer
-
     web = RestartableServer(cluster["env"])
     web.start()
     wrapper = tmp_path / "rank_on_its_host.sh"

@@ -10,7 +10,10 @@ import os
 
 import pytest
 
+from tests.support.celery_workers import queued_tasks
+from tests.support.cli import cli_env, lifeboat
 from tests.support.dashboard import as_user
+from tests.support.metrics import sample  # the value as Prometheus reads it (1.6e+06)
 from tests.support.replication import MiB, make_checkpoint, make_target, replicate_now
 from webapp.domain.models import RetentionPolicy, StorageSnapshot
 from webapp.domain.replication import ledger
@@ -108,7 +111,6 @@ def test_the_page_the_api_and_the_gauges(project, three, viewer, api, read_token
 
     settings.METRICS_TOKEN = "scrape-token"
     text = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-token").content.decode()
-    from tests.support.metrics import sample  # the value as Prometheus reads it (1.6e+06)
 
     main = {"project": "alpha", "target": "main", "where": "target"}
     assert sample(text, "lifeboat_storage_stored_bytes", **main) == stored
@@ -117,9 +119,7 @@ def test_the_page_the_api_and_the_gauges(project, three, viewer, api, read_token
 
 
 def test_a_hostile_price_is_refused(project, admin, s3):
-    from tests.support.replication import make_target as _make
-
-    target = _make(project, s3, "priced")
+    target = make_target(project, s3, "priced")
     client = as_user(admin)
     for price in ("-1", "1e300", "nan"):
         response = client.post(
@@ -134,9 +134,6 @@ def test_a_hostile_price_is_refused(project, admin, s3):
 
 
 def test_the_cli_prints_the_ledger_and_asks_for_an_audit(three, server, token, tmp_path, queues):
-    from tests.support.celery_workers import queued_tasks
-    from tests.support.cli import cli_env, lifeboat
-
     env = cli_env(server.url, token, tmp_path)
     done = lifeboat(env, "storage")
     assert done.returncode == 0, done.stderr
