@@ -21,6 +21,7 @@ from tests.support.servers import (
 pytest_plugins = [
     "tests.support.browser",
     "tests.support.client_stack",
+    "tests.support.database",
     "tests.support.module_order",
     "tests.support.restore_levels",
     "tests.support.slurm",
