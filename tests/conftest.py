@@ -8,6 +8,7 @@ import redis
 
 from tests.support.api_client import Api
 from tests.support.celery_workers import start_worker, stop_worker
+from tests.support.client_scripts import RestartableServer
 from tests.support.people import member
 from tests.support.servers import (
     ROOT,
@@ -177,15 +178,22 @@ def s3(s3_server, settings):
     return s3_server
 
 
-@pytest.fixture
-def server(worker_env):
-    """Lifeboat's web server for one test, which the test may stop and start again."""
-    from tests.support.client_scripts import RestartableServer
-
+@pytest.fixture(scope="session")
+def _shared_server(worker_env):
     web = RestartableServer(worker_env)
-    web.start()
     yield web
     web.stop()
+
+
+@pytest.fixture
+def server(_shared_server):
+    """Lifeboat's web server, which the test may stop and start again. One for all the
+    tests of this process, each finding it running: a start costs each of its two worker
+    processes a second of CPU to import Django, some 40 times a run otherwise. It keeps
+    nothing of a test but what the database keeps, emptied between tests; its token
+    cache is by secret, and no two tests share one."""
+    _shared_server.start()
+    return _shared_server
 
 
 # --- The browser tests' Chromium (tests/test_browser*.py) ----------------------------------

@@ -59,7 +59,7 @@ def stack(worker_env, s3_server, tmp_path_factory):
 @pytest.fixture
 def load(stack, project, root, token, s3_server):
     """The workers and beat run for one test only: the database is emptied between
-    tests (TRUNCATE), which must not meet a worker's transaction."""
+    tests, which must not meet a worker's transaction."""
     StorageTarget.objects.create(
         project=project,
         name="main",
