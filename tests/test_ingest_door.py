@@ -150,7 +150,7 @@ def test_other_methods_on_the_route_are_refused_and_other_paths_go_to_django(tok
             "error": f"{method} is not allowed at /api/v1/events; allowed: POST"
         }
     listed = call_asgi("/api/v1/runs", b"", _auth(token), method="GET")
-    assert listed.status_code == 200 and "x-frame-options" in listed.headers
+    assert listed.status_code == 200 and "x-frame-options" in listed.headers, listed.content
     assert listed.json()["runs"] == []
     # Not the route: a trailing slash is Django's, and no endpoint there.
     slashed = call_asgi("/api/v1/events/", b"{}", _auth(token))
