@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from django.conf import settings
+from django.db import connection
 
 from tests.support.api_client import Api
 from tests.support.celery_workers import start_worker, stop_worker
@@ -17,6 +19,7 @@ from tests.support.servers import (
     file_lock,
     stop_process_group,
 )
+from webapp.domain.models import Project
 
 # Fixtures that test modules share beyond these, each module with its helpers (tests/support/).
 pytest_plugins = [
@@ -37,8 +40,6 @@ def api(client) -> Api:
 
 @pytest.fixture
 def project(db):
-    from webapp.domain.models import Project
-
     return Project.objects.create(name="Alpha", slug="alpha", allowed_roots=["/data"])
 
 
@@ -54,8 +55,6 @@ def root(tmp_path, project):
 
 @pytest.fixture
 def other_project(db):
-    from webapp.domain.models import Project
-
     return Project.objects.create(name="Beta", slug="beta", allowed_roots=["/other"])
 
 
@@ -77,8 +76,6 @@ def read_token(project) -> str:
 
 @pytest.fixture(scope="session")
 def redis_client():
-    from django.conf import settings
-
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
     yield client
@@ -94,8 +91,6 @@ def queues(redis_client):
 
 
 def _database_url_for_subprocess() -> str:
-    from django.db import connection
-
     settings_dict = connection.settings_dict
     if settings_dict["ENGINE"].endswith("sqlite3"):
         return f"sqlite:///{settings_dict['NAME']}"
@@ -108,10 +103,8 @@ def _database_url_for_subprocess() -> str:
 
 
 @pytest.fixture(scope="session")
-def worker_env(django_db_setup, redis_client) -> dict:
+def worker_env(django_db_setup, django_db_blocker, redis_client):
     """The environment of a Lifeboat process that uses the test database and Redis."""
-    from django.conf import settings
-
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="webapp.settings",
@@ -127,7 +120,16 @@ def worker_env(django_db_setup, redis_client) -> dict:
         # outbound policy refuses unless the deployment allows it.
         LIFEBOAT_OUTBOUND_ALLOW="127.0.0.1",
     )
-    return env
+    yield env
+    # After the session's servers and workers (they ask for this fixture, so they stop
+    # first): a backend whose client has just gone may still count as a session of the
+    # test database, and DROP DATABASE at the end refuses to drop it while one does.
+    if connection.vendor == "postgresql":
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
 
 
 @pytest.fixture
@@ -229,7 +231,7 @@ def _need_browser():
 @pytest.fixture(scope="session")
 def browser():
     _need_browser()
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # only where a browser test runs
 
     # Playwright's sync API runs an event loop in this thread; the ORM calls the tests
     # make between browser steps are still plain synchronous calls.

@@ -5,8 +5,11 @@ it answers, what it leaves to Django, and that the OpenAPI document describes it
 from __future__ import annotations
 
 import gzip
+import http.client
 import importlib
 import json
+import re
+import socket
 import sys
 
 import pytest
@@ -14,6 +17,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from tests.support.api_client import call_asgi
 from tests.support.events import event, saved
+from tests.support.servers import WebServer
+from webapp.domain.models import Event
 
 pytestmark = [pytest.mark.django_db, pytest.mark.sqlite]
 
@@ -64,8 +69,6 @@ def _json_headers(answer) -> None:
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_bad_request_is_refused_with_its_reason_and_nothing_is_stored(token, case):
-    from webapp.domain.models import Event
-
     headers, body, status, message = BAD[case]
     body = body.encode() if isinstance(body, str) else body
     answer = call_asgi("/api/v1/events", body, _auth(token, **headers))
@@ -77,8 +80,6 @@ def test_a_bad_request_is_refused_with_its_reason_and_nothing_is_stored(token, c
 
 @pytest.mark.parametrize("case", sorted(NAMED))
 def test_a_bad_event_is_named_by_its_index_and_field(token, case):
-    from webapp.domain.models import Event
-
     body, index, field = NAMED[case]
     answer = call_asgi("/api/v1/events", body.encode(), _auth(token))
     assert answer.status_code == 400
@@ -185,13 +186,6 @@ def test_webapp_wsgi_refuses_to_serve_and_names_the_command_to_use():
 def test_the_served_application_under_gunicorn(project, worker_env):
     """webapp.asgi as production serves it (gunicorn, uvicorn workers): the ingest route
     on the event loop, and Django's pages, forms and API in the thread pool."""
-    import http.client
-    import re
-    import socket
-
-    from tests.support.servers import WebServer
-    from webapp.domain.models import Event
-
     token = project.issue_token("t", ["ingest", "read"])[1]
     web = WebServer(worker_env, EVENTS_MAX_BODY_BYTES="65536")
     auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
