@@ -219,7 +219,7 @@ def _need_browser():
         problem = f"no Chromium at {CHROMIUM} (apt-get install -y chromium)"
     else:
         try:
-            import playwright.sync_api  # noqa: F401
+            import playwright.sync_api  # noqa: F401  (a probe: is it installed?)
         except ImportError:
             problem = "Playwright is not installed (pip install -e '.[dev]')"
     if problem:
