@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import multiprocessing
 import os
+import time
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -188,20 +190,24 @@ def test_a_restore_check_file_outside_the_checkpoint_is_refused(tmp_path):
 
 def _swap_forever(root: str, outside: str, stop) -> None:
     folder = os.path.join(root, "run-1")
+    swaps = 0
     while not stop.is_set():
+        swaps += 1
+        # Every 50th swap holds each state for a millisecond: on a loaded machine the
+        # checks otherwise only ever land between the two (CI once saw 50,362 of them).
+        hold = 0.001 if swaps % 50 == 0 else 0
         os.rename(folder, folder + ".real")
         os.symlink(outside, folder)
+        time.sleep(hold)
         os.unlink(folder)
         os.rename(folder + ".real", folder)
+        time.sleep(hold)
 
 
 def test_a_folder_swapped_back_and_forth_during_checks_is_never_read_through(tmp_path):
     """Another process swaps the run folder for a symlink out of the root and back, as
     fast as it can, while integrity checks run: no check may ever read the bytes out
     there (realpath-then-open did, about once in a hundred checks) or crash."""
-    import multiprocessing
-    import time
-
     root, outside = tmp_path / "root", tmp_path / "outside"
     (root / "run-1" / "step-1").mkdir(parents=True)
     (outside / "step-1").mkdir(parents=True)
@@ -215,8 +221,12 @@ def test_a_folder_swapped_back_and_forth_during_checks_is_never_read_through(tmp
     swapper.start()
     seen: dict[str, int] = {}
     try:
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
+        # At least 3 s of checks, and on until both states were met (at most 30 s).
+        start = time.monotonic()
+        while time.monotonic() < start + 3 or (
+            time.monotonic() < start + 30
+            and not (seen.get("ok") and seen.get("outside_allowed_roots"))
+        ):
             report = check_local(
                 str(root / "run-1" / "step-1"), [spec("model.pt", good)], [str(root)]
             )
