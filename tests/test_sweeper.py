@@ -6,15 +6,17 @@ retry of failures that pass (workers/retrying.py)."""
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
+import kombu
 import pytest
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
 from tests.support.celery_workers import queued_tasks
 from tests.support.replication import make_checkpoint, make_target
-from webapp.domain import repair
+from webapp.domain import publish, repair
 from webapp.domain.health import problems
 from webapp.domain.models import (
     Checkpoint,
@@ -25,6 +27,7 @@ from webapp.domain.models import (
     Validation,
 )
 from webapp.domain.validation import checking
+from webapp.domain.validation.publish import VALIDATE
 from webapp.domain.validation.verdict import decide
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
@@ -124,6 +127,56 @@ def test_a_message_that_may_wait_behind_a_backlog_is_not_taken_for_lost(project,
     (owed,) = repair.sweep()
     assert "lost on its way to a worker" in owed.what
     assert tasks(queues, "validate") == [("validate_checkpoint", [checkpoint.pk])]
+
+
+@contextlib.contextmanager
+def taken_by_a_worker(queue: str):
+    """The one message on `queue` taken as Celery's worker takes it (a kombu consumer)
+    and not acknowledged: as a worker holds a task between taking it and its end."""
+    taken = []
+    with publish.app().connection_for_read() as connection, connection.channel() as channel:
+        consumer = kombu.Consumer(
+            channel, [kombu.Queue(queue)], accept=["json"], callbacks=[
+                lambda body, message: taken.append(message)
+            ]
+        )  # fmt: skip
+        consumer.consume()
+        connection.drain_events(timeout=10)
+        assert len(taken) == 1
+        yield
+        taken[0].ack()
+
+
+def test_a_message_a_worker_has_taken_and_not_yet_claimed_is_not_taken_for_lost(
+    project, root, s3, queues, settings
+):
+    """Between a worker taking a message off the queue and its task claiming the work,
+    the queue is empty and no lease is live; on a loaded machine that lasts a second or
+    more, and a sweep then sent the check again. The broker's own record of what a
+    worker holds says it is in hand, until SWEEP_LOST_AFTER_S after it was taken."""
+    checkpoint = make_checkpoint(project, root, 1, {"m": b"x"}, status="reported")
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(
+        validation_enqueued_at=timezone.now() - timedelta(minutes=10)
+    )
+    copied = make_checkpoint(project, root, 2, {"m": b"y"})
+    replica = Replica.objects.create(
+        checkpoint=copied, target=make_target(project, s3, "main"), status="pending"
+    )
+    Replica.objects.filter(pk=replica.pk).update(created_at=timezone.now() - LONG_AGO)
+    publish.send(VALIDATE, (checkpoint.pk,))
+    publish.send("workers.replicate.replicate", (replica.pk,))
+    later = timezone.now() + timedelta(seconds=settings.SWEEP_LOST_AFTER_S + 1)
+    with taken_by_a_worker("validate"), taken_by_a_worker("replicate"):
+        assert queues.llen("validate") == queues.llen("replicate") == 0
+        assert repair.sweep() == []
+        # Held past SWEEP_LOST_AFTER_S and never claimed: its worker died with it.
+        owed = repair.sweep(now=later)
+        assert sorted(o.what for o in owed) == [
+            "the check of step 1 was lost on its way to a worker: sent again",
+            "the copy of step 2 to main: its task was lost; sent again",
+        ]
+    assert tasks(queues, "validate") == [("validate_checkpoint", [checkpoint.pk])]
+    assert tasks(queues, "replicate") == [("replicate", [replica.pk])]
 
 
 def test_a_copy_whose_worker_died_is_handed_back_and_sent_again_once(project, root, s3, queues):

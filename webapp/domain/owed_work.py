@@ -35,6 +35,24 @@ def lost_before(now: datetime, queue: str | list[str]) -> datetime:
     return now - grace - timedelta(seconds=visibility)
 
 
+def taken_ids(now: datetime, queue: str, tasks: dict[str, bool]) -> set[int]:
+    """The ids in the messages of `tasks` (name: whether its first argument is a list of
+    ids rather than one) that a worker took from `queue` within SWEEP_LOST_AFTER_S and
+    has not finished. Not lost: a worker holds them, and is about to claim them. Read
+    after lost_before's look at the queue, so that a message taken between the two is
+    seen in one place or the other; on a loaded machine the claim can follow the take by
+    a second or more, and a sweep in between took such a check for lost."""
+    since = (now - timedelta(seconds=settings.SWEEP_LOST_AFTER_S)).timestamp()
+    ids: set[int] = set()
+    for name, args in publish.taken_since(queue, since):
+        if name not in tasks or not args:
+            continue
+        values = args[0] if tasks[name] else [args[0]]
+        if isinstance(values, list):
+            ids.update(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+    return ids
+
+
 def handed_back_before(now: datetime, queue: str | list[str]) -> datetime:
     """Work a sweep handed back to the queue gets a lease of SWEEP_LOST_AFTER_S from
     then; one whose lease ends before this was lost again (see lost_before)."""

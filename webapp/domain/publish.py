@@ -11,7 +11,9 @@ theirs in one place each (test_import_graph.py checks that nothing imports worke
 
 from __future__ import annotations
 
+import base64
 import functools
+import json
 from contextlib import AbstractContextManager
 
 import redis
@@ -90,3 +92,30 @@ def waiting(queue: str) -> int | None:
         return int(client.llen(queue))
     except redis.RedisError:
         return None
+
+
+def taken_since(queue: str, since: float) -> list[tuple[str, list]]:
+    """Tasks a worker took from `queue` at or after `since` (a Unix time) and has not
+    finished: with acks_late a Redis broker keeps each in kombu's `unacked` hash, by
+    delivery time in `unacked_index`, until the task ends. As (task name, args); [] when
+    the broker does not answer, or for a message this cannot read."""
+    try:
+        client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2)
+        tags = client.zrangebyscore("unacked_index", since, "+inf")
+        raws = client.hmget("unacked", tags) if tags else []
+    except redis.RedisError:
+        return []
+    tasks = []
+    for raw in raws:
+        try:
+            payload, _exchange, routing_key = json.loads(raw)
+            if routing_key != queue:
+                continue
+            body = payload["body"]
+            if payload["properties"].get("body_encoding") == "base64":
+                body = base64.b64decode(body)
+            args = json.loads(body)[0]
+            tasks.append((str(payload["headers"]["task"]), list(args)))
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError):
+            continue
+    return tasks

@@ -3,7 +3,8 @@
 * resend: a replica `uploading` whose lease lapsed (its worker died: the lease is
   renewed with every progress write, about once a second); one `pending` whose retry
   was due long ago (the retry's message was lost); one `pending` never taken, sent
-  before owed_work.lost_before().
+  before owed_work.lost_before(). None of them while a worker has taken its message
+  within SWEEP_LOST_AFTER_S (owed_work.taken_ids).
 * request_missing: a checkpoint verified lately (since its target was made, within
   SWEEP_REPLICA_LOOKBACK_S) with no replica row on an enabled target whose policy asks
   for it. Validation creates the rows in the transaction that records the verdict, so
@@ -31,6 +32,7 @@ QUEUE = "replicate"
 def resend(now, limit: int) -> list[owed_work.Owed]:
     margin = timedelta(seconds=min(60, settings.REPLICATION_LEASE_S))
     lost = owed_work.lost_before(now, QUEUE)
+    in_hand = owed_work.taken_ids(now, QUEUE, {"workers.replicate.replicate": False})
     # Served by the partial index replica_unsettled. Uploading: its worker renews the
     # lease about once a second. Pending with a worker: a retry, due at lease_until.
     # Pending without one: never taken, or handed back by an earlier sweep (whose lease
@@ -46,6 +48,7 @@ def resend(now, limit: int) -> list[owed_work.Owed]:
             )
             | Q(status=ReplicaStatus.PENDING, lease_until__isnull=True, created_at__lt=lost)
         )
+        .exclude(pk__in=in_hand)
         .order_by("pk")
         .values_list(
             "pk",

@@ -3,7 +3,8 @@
 * A checkpoint never put on the queue (the publish failed: validation_enqueued_at is
   NULL), once SWEEP_LOST_AFTER_S has passed since it changed.
 * One put on the queue whose message was lost: not settled, sent before
-  owed_work.lost_before(), and no worker holds a live lease on its check.
+  owed_work.lost_before(), no worker holds a live lease on its check, and none took
+  its message within SWEEP_LOST_AFTER_S (owed_work.taken_ids).
 * A check whose worker died (its lease lapsed), a re-validation of a settled checkpoint
   included: sent again, and the task takes the running row over (checking.claim).
 """
@@ -20,7 +21,7 @@ from webapp.domain import owed_work, publish
 from webapp.domain.models import Checkpoint, Validation, ValidationPart
 from webapp.domain.models.checkpoints import UNSETTLED
 from webapp.domain.models.recovery import ValidationKind, ValidationStatus
-from webapp.domain.validation.publish import VALIDATE, enqueue_validations
+from webapp.domain.validation.publish import DISPATCH, VALIDATE, enqueue_validations
 
 QUEUE = "validate"
 
@@ -28,6 +29,7 @@ QUEUE = "validate"
 def resend(now, limit: int) -> list[owed_work.Owed]:
     grace = now - timedelta(seconds=settings.SWEEP_LOST_AFTER_S)
     lost = owed_work.lost_before(now, QUEUE)
+    in_hand = owed_work.taken_ids(now, QUEUE, {VALIDATE: False, DISPATCH: True})
     live = Validation.objects.filter(
         checkpoint=OuterRef("pk"),
         kind=ValidationKind.INTEGRITY,
@@ -42,6 +44,7 @@ def resend(now, limit: int) -> list[owed_work.Owed]:
             | Q(validation_enqueued_at__lt=lost)
         )
         .exclude(Exists(live))
+        .exclude(pk__in=in_hand)
         .order_by("validation_enqueued_at")
         .values_list("pk", "project_id", "run_id", "step", "validation_enqueued_at")[:limit]
     )
@@ -82,6 +85,7 @@ def resend(now, limit: int) -> list[owed_work.Owed]:
         Validation.objects.filter(kind=ValidationKind.INTEGRITY)
         .filter(running | queued)
         .exclude(checkpoint_id__in=ids)
+        .exclude(checkpoint_id__in=in_hand)
         .values_list(
             "checkpoint_id",
             "checkpoint__project_id",
