@@ -15,6 +15,7 @@ import base64
 import functools
 import json
 from contextlib import AbstractContextManager
+from typing import cast
 
 import redis
 from celery import Celery, current_app
@@ -101,12 +102,15 @@ def taken_since(queue: str, since: float) -> list[tuple[str, list]]:
     the broker does not answer, or for a message this cannot read."""
     try:
         client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2)
-        tags = client.zrangebyscore("unacked_index", since, "+inf")
-        raws = client.hmget("unacked", tags) if tags else []
+        # redis-py's synchronous client answers lists (its types also name its async one's).
+        tags = cast(list[bytes], client.zrangebyscore("unacked_index", since, "+inf"))
+        raws = cast(list[bytes | None], client.hmget("unacked", tags)) if tags else []
     except redis.RedisError:
         return []
     tasks = []
     for raw in raws:
+        if raw is None:  # acknowledged since the index was read
+            continue
         try:
             payload, _exchange, routing_key = json.loads(raw)
             if routing_key != queue:
