@@ -14,7 +14,9 @@ import time
 import pytest
 from django.core.exceptions import ValidationError
 
+from webapp.dashboard.recovery_settings_views import clean_restore_checks
 from webapp.domain.confined_files import Refused, Tree, relative_parts
+from webapp.domain.recovery.restore_checks import ConfigRefused, _main_file
 from webapp.domain.validation.integrity import FileSpec, check_local, check_s3
 
 
@@ -175,9 +177,6 @@ def test_integrity_refuses_a_file_whose_folder_links_out_of_the_root(layout):
 
 
 def test_a_restore_check_file_outside_the_checkpoint_is_refused(tmp_path):
-    from webapp.dashboard.recovery_settings_views import clean_restore_checks
-    from webapp.domain.recovery.restore_checks import ConfigRefused, _main_file
-
     for bad in ("../../etc/passwd", "/etc/passwd", "a//b"):
         with pytest.raises(ValidationError):
             clean_restore_checks(f'{{"forward": "m:f", "file": "{bad}"}}')

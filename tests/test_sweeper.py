@@ -11,8 +11,10 @@ from datetime import timedelta
 
 import kombu
 import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
 from django.db import OperationalError, transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError as BrokerDown
 
 from tests.support.celery_workers import queued_tasks
 from tests.support.replication import make_checkpoint, make_target
@@ -26,9 +28,14 @@ from webapp.domain.models import (
     Resume,
     Validation,
 )
+from webapp.domain.recovery import resume as resumes
+from webapp.domain.replication import replicate
+from webapp.domain.transient import is_transient
 from webapp.domain.validation import checking
 from webapp.domain.validation.publish import VALIDATE
 from webapp.domain.validation.verdict import decide
+from workers.celery import app
+from workers.retention import finish_interrupted
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
 
@@ -196,13 +203,11 @@ def test_a_copy_whose_worker_died_is_handed_back_and_sent_again_once(project, ro
     assert (replica.status, replica.worker) == ("pending", "")
     assert tasks(queues, "replicate") == [("replicate", [replica.pk])]
     assert repair.sweep() == []
-    from webapp.domain.replication import replicate
 
     assert isinstance(replicate.claim(replica.pk), replicate.Claim)
 
 
 def test_a_deletion_left_half_done_is_finished(project, root, queues):
-    from workers.retention import finish_interrupted
 
     checkpoint = make_checkpoint(project, root, 1, {"m": b"x"})
     Checkpoint.objects.filter(pk=checkpoint.pk).update(
@@ -252,7 +257,6 @@ def test_lost_restore_tests_and_resumes_are_sent_again_and_a_stuck_one_fails(pro
 
 
 def test_a_second_chain_of_follow_tasks_ends_itself(project, root):
-    from webapp.domain.recovery import resume as resumes
 
     checkpoint = make_checkpoint(project, root, 1, {"m": b"x"})
     running = Resume.objects.create(
@@ -283,7 +287,6 @@ def test_repairs_are_on_the_timeline_in_metrics_and_a_problem_when_they_keep_hap
 
 
 def test_a_task_that_meets_a_deadlock_is_tried_again(settings):
-    from workers.celery import app
 
     settings.TASK_RETRY_MAX_S = 1
     calls = []
@@ -300,7 +303,6 @@ def test_a_task_that_meets_a_deadlock_is_tried_again(settings):
 
 
 def test_a_permanent_error_is_not_retried(settings):
-    from workers.celery import app
 
     calls = []
 
@@ -315,10 +317,6 @@ def test_a_permanent_error_is_not_retried(settings):
 
 
 def test_what_counts_as_transient():
-    from botocore.exceptions import ClientError, EndpointConnectionError
-    from kombu.exceptions import OperationalError as BrokerDown
-
-    from webapp.domain.transient import is_transient
 
     def s3(code: str) -> ClientError:
         return ClientError({"Error": {"Code": code, "Message": ""}}, "PutObject")
