@@ -14,7 +14,9 @@ import time
 import uuid
 
 import pytest
+import torch
 
+import lifeboat
 from lifeboat.config import Config
 from lifeboat.spool import Spool
 from tests.support.client_scripts import kill_while_hashing, run_script, stop_while_hashing
@@ -99,8 +101,6 @@ def flush(env: dict, wait: bool = True):
 def test_flush_completes_a_report_whose_job_was_killed_mid_hash_and_it_verifies(
     env, root, celery_worker
 ):
-    import torch
-
     checkpoint = root / "step-300.pt"
     torch.save({"weight": torch.ones(64 * MIB)}, checkpoint)  # 256 MiB of float32
     record = job_killed_while_hashing(env, checkpoint)
@@ -211,8 +211,6 @@ def test_a_damaged_pending_record_is_set_aside_and_the_flush_goes_on(env, root):
 def test_a_running_sidecar_completes_a_report_once_its_job_is_dead_and_not_before(
     env, root, server, token, tmp_path
 ):
-    import lifeboat
-
     checkpoint = root / "step-300.pt"
     write_big(checkpoint)
     # `lifeboat watch` in this process: a run without a life cycle of its own, up first.

@@ -7,6 +7,8 @@ retry of failures that pass (workers/retrying.py)."""
 from __future__ import annotations
 
 import contextlib
+import json
+import time
 from datetime import timedelta
 
 import kombu
@@ -184,6 +186,33 @@ def test_a_message_a_worker_has_taken_and_not_yet_claimed_is_not_taken_for_lost(
         ]
     assert tasks(queues, "validate") == [("validate_checkpoint", [checkpoint.pk])]
     assert tasks(queues, "replicate") == [("replicate", [replica.pk])]
+
+
+def test_unreadable_or_foreign_held_messages_hold_nothing_back(project, root, queues):
+    """What the broker says a worker holds is read defensively: an entry that is not a
+    message, one whose arguments are not ids, and one taken from another host's queue
+    (validate.node-3) keep no check of the central queue from being sent again."""
+    checkpoint = make_checkpoint(project, root, 1, {"m": b"x"}, status="reported")
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(
+        validation_enqueued_at=timezone.now() - timedelta(minutes=10)
+    )
+    publish.send(VALIDATE, (checkpoint.pk,), queue="validate.node-3")
+    with taken_by_a_worker("validate.node-3"):
+        unacked = {
+            b"not-json": b"{{{",
+            b"wrong-shape": b'{"a": 1}',
+            b"no-body": json.dumps([{"headers": {}}, "", "validate"]).encode(),
+            b"a-bool": json.dumps([{"body": json.dumps([[True], {}, {}]), "properties": {},
+                                    "headers": {"task": VALIDATE}}, "", "validate"]).encode(),
+            b"a-string": json.dumps([{"body": json.dumps([["1"], {}, {}]), "properties": {},
+                                      "headers": {"task": VALIDATE}}, "", "validate"]).encode(),
+        }  # fmt: skip
+        queues.hset("unacked", mapping=unacked)
+        queues.zadd("unacked_index", {tag: time.time() for tag in unacked})
+        assert queues.hlen("unacked") == len(unacked) + 1  # and the host queue's message
+        (owed,) = repair.sweep()
+        assert "lost on its way to a worker" in owed.what
+    assert tasks(queues, "validate") == [("validate_checkpoint", [checkpoint.pk])]
 
 
 def test_a_copy_whose_worker_died_is_handed_back_and_sent_again_once(project, root, s3, queues):
