@@ -30,6 +30,7 @@ from webapp.domain.models import (
     Resume,
     Validation,
 )
+from webapp.domain.recovery import restore_test
 from webapp.domain.recovery import resume as resumes
 from webapp.domain.replication import replicate
 from webapp.domain.transient import is_transient
@@ -172,20 +173,36 @@ def test_a_message_a_worker_has_taken_and_not_yet_claimed_is_not_taken_for_lost(
         checkpoint=copied, target=make_target(project, s3, "main"), status="pending"
     )
     Replica.objects.filter(pk=replica.pk).update(created_at=timezone.now() - LONG_AGO)
+    restore = Validation.objects.create(
+        checkpoint=copied, kind="restore", created_at=timezone.now() - LONG_AGO
+    )
+    profile = LaunchProfile.objects.create(project=project, name="p", command_template="true")
+    launch = Resume.objects.create(
+        project=project, run=copied.run, checkpoint=copied, profile=profile,
+        created_at=timezone.now() - LONG_AGO,
+    )  # fmt: skip
     publish.send(VALIDATE, (checkpoint.pk,))
     publish.send("workers.replicate.replicate", (replica.pk,))
+    publish.send(restore_test.TASK, (restore.pk,), queue="restore")
+    publish.send(resumes.LAUNCH, (launch.pk,), queue="launch")
     later = timezone.now() + timedelta(seconds=settings.SWEEP_LOST_AFTER_S + 1)
-    with taken_by_a_worker("validate"), taken_by_a_worker("replicate"):
-        assert queues.llen("validate") == queues.llen("replicate") == 0
+    with contextlib.ExitStack() as held:
+        for queue in ("validate", "replicate", "restore", "launch"):
+            held.enter_context(taken_by_a_worker(queue))
+            assert queues.llen(queue) == 0
         assert repair.sweep() == []
         # Held past SWEEP_LOST_AFTER_S and never claimed: its worker died with it.
         owed = repair.sweep(now=later)
         assert sorted(o.what for o in owed) == [
+            f"resume {launch.pk} was never launched (its message was lost): sent again",
             "the check of step 1 was lost on its way to a worker: sent again",
             "the copy of step 2 to main: its task was lost; sent again",
+            "the restore test of step 2: its message was lost; sent again",
         ]
     assert tasks(queues, "validate") == [("validate_checkpoint", [checkpoint.pk])]
     assert tasks(queues, "replicate") == [("replicate", [replica.pk])]
+    assert tasks(queues, "restore") == [("restore_test", [restore.pk])]
+    assert tasks(queues, "launch") == [("launch_resume", [launch.pk])]
 
 
 def test_unreadable_or_foreign_held_messages_hold_nothing_back(project, root, queues):

@@ -35,7 +35,7 @@ def lost_before(now: datetime, queue: str | list[str]) -> datetime:
     return now - grace - timedelta(seconds=visibility)
 
 
-def taken_ids(now: datetime, queue: str, tasks: dict[str, bool]) -> set[int]:
+def taken_ids(now: datetime, queue: str | list[str], tasks: dict[str, bool]) -> set[int]:
     """The ids in the messages of `tasks` (name: whether its first argument is a list of
     ids rather than one) that a worker took from `queue` within SWEEP_LOST_AFTER_S and
     has not finished. Not lost: a worker holds them, and is about to claim them. Read
@@ -44,7 +44,9 @@ def taken_ids(now: datetime, queue: str, tasks: dict[str, bool]) -> set[int]:
     a second or more, and a sweep in between took such a check for lost."""
     since = (now - timedelta(seconds=settings.SWEEP_LOST_AFTER_S)).timestamp()
     ids: set[int] = set()
-    for name, args in publish.taken_since(queue, since):
+    queues = [queue] if isinstance(queue, str) else queue
+    taken = [task for q in queues for task in publish.taken_since(q, since)]
+    for name, args in taken:
         if name not in tasks or not args:
             continue
         values = args[0] if tasks[name] else [args[0]]

@@ -6,6 +6,8 @@ webapp/domain/repair.py).
   takes a running one over only once that time has passed.
 * A resume `requested` and never launched (its message was lost): sent again;
   resume.claim takes it once.
+* Neither while a worker took its message within SWEEP_LOST_AFTER_S and has not
+  finished it (owed_work.taken_ids).
 * A resume whose job runs (or was submitted to Slurm) and that nobody has looked at for
   several follow intervals (the follow task's message was lost): a follow task again,
   which ends any second chain of itself (resume.follow_due).
@@ -31,6 +33,7 @@ from webapp.domain.recovery import resume as resumes
 
 def resend_restore_tests(now, limit: int) -> list[owed_work.Owed]:
     lost = owed_work.lost_before(now, ["restore", "gpu"])
+    in_hand = owed_work.taken_ids(now, ["restore", "gpu"], {restore_test.TASK: False})
     dead = now - timedelta(seconds=settings.VALIDATION_TIMEOUT_S + 600)
     rows = (
         Validation.objects.filter(kind=ValidationKind.RESTORE)
@@ -38,6 +41,7 @@ def resend_restore_tests(now, limit: int) -> list[owed_work.Owed]:
             Q(status=ValidationStatus.QUEUED, created_at__lt=lost)
             | Q(status=ValidationStatus.RUNNING, started_at__lt=dead)
         )
+        .exclude(pk__in=in_hand)
         .order_by("pk")
         .values_list("pk", "status", "checkpoint_id", "checkpoint__project_id",
                      "checkpoint__run_id", "checkpoint__step")[:limit]
@@ -65,9 +69,14 @@ def follow_lapsed_before(now):
 def resend_resumes(now, limit: int) -> list[owed_work.Owed]:
     owed = []
     requested = Resume.objects.filter(status=ResumeStatus.REQUESTED).select_related("profile")
+    in_hand: dict[str, set[int]] = {}  # by queue
     for resume in requested.order_by("pk")[:limit]:
         queue = resumes.queue_for(resume.profile) if resume.profile else "launch"
         if resume.created_at >= owed_work.lost_before(now, queue):
+            continue
+        if queue not in in_hand:
+            in_hand[queue] = owed_work.taken_ids(now, queue, {resumes.LAUNCH: False})
+        if resume.pk in in_hand[queue]:
             continue
         resumes.enqueue_launch(resume.pk, queue)
         owed.append(_owed(resume, "was never launched (its message was lost): sent again"))

@@ -96,10 +96,13 @@ def request(checkpoint, requested_by: str = ""):
     return validation
 
 
+TASK = "workers.restore.restore_test"
+
+
 def enqueue(validation_id: int) -> str:
     queue = "gpu" if gpu_worker_alive() else "restore"
     try:
-        publish.send("workers.restore.restore_test", (validation_id,), queue=queue)
+        publish.send(TASK, (validation_id,), queue=queue)
     except Exception:  # noqa: BLE001 (the hourly schedule requeues what is stuck)
         log.warning("could not enqueue restore test %s", validation_id)
     return queue

@@ -55,6 +55,7 @@ from webapp.domain.replication.restore import RestoreError, restore_replica
 from webapp.domain.validation.integrity import FileSpec, check_local
 
 FINAL = ("succeeded", "failed", "cancelled")
+LAUNCH = "workers.launch.launch_resume"
 
 
 def check_template(template: str) -> None:
@@ -164,7 +165,7 @@ def request(
 
 
 def enqueue_launch(resume_id: int, queue: str) -> None:
-    publish.send("workers.launch.launch_resume", (resume_id,), queue=queue)
+    publish.send(LAUNCH, (resume_id,), queue=queue)
 
 
 def enqueue_follow(resume, countdown: float = 0) -> None:
