@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import OperationalError, connection
 
 from tests.support.api_client import Api
 from tests.support.celery_workers import start_worker, stop_worker
@@ -124,12 +124,22 @@ def worker_env(django_db_setup, django_db_blocker, redis_client):
     # After the session's servers and workers (they ask for this fixture, so they stop
     # first): a backend whose client has just gone may still count as a session of the
     # test database, and DROP DATABASE at the end refuses to drop it while one does.
+    # This process's own connection may itself have been ended by then (a .ci/run once
+    # found it so after the load tests end connections on purpose): a fresh one then.
     if connection.vendor == "postgresql":
-        with django_db_blocker.unblock(), connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
+        with django_db_blocker.unblock():
+            for attempt in (1, 2):
+                try:
+                    with connection.cursor() as cursor:
+                        cursor.execute(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                        )
+                    break
+                except OperationalError:
+                    connection.close()
+                    if attempt == 2:
+                        raise
 
 
 @pytest.fixture
